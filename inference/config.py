@@ -1,0 +1,67 @@
+"""Engine configuration: one dataclass, validated once at start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU advertises AMX-BF16 or AVX512-BF16 (Linux /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"amx_bf16", "avx512_bf16"})
+    except OSError:
+        pass
+    return False
+
+
+def default_dtype(device: str) -> str:
+    """bf16 on CUDA and on CPUs with native bf16 matmuls; fp32 elsewhere (emulated bf16 is slow)."""
+    if device.startswith("cuda") or cpu_has_native_bf16():
+        return "bfloat16"
+    return "float32"
+
+
+@dataclass
+class EngineConfig:
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"
+    device: str = "cpu"
+    block_size: int = 16
+    # KV pool size: an explicit block count wins over the memory budget.
+    num_blocks: int | None = None
+    kv_cache_memory_bytes: int = 512 * 1024 * 1024
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    enable_prefix_caching: bool = True
+    hash_algorithm: str = "sha256"  # or "xxhash" where installed
+    seed: int = 0
+    model_cache_dir: str | None = None
+    # Label used for metrics and the dashboard ("web", "worker@host").
+    engine_id: str = "embedded"
+
+    def __post_init__(self) -> None:
+        if self.dtype == "auto":
+            self.dtype = default_dtype(self.device)
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.dtype not in ("bfloat16", "float32", "float16"):
+            raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.hash_algorithm not in ("sha256", "xxhash"):
+            raise ValueError(f"unsupported hash algorithm {self.hash_algorithm!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
