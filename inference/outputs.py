@@ -1,0 +1,24 @@
+"""What the engine hands back for a request, step by step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestOutput:
+    """One sample's progress after a step (one per sample when n > 1)."""
+
+    request_id: str
+    index: int  # which of the n samples
+    text_delta: str  # new text since the last output of this sample
+    new_token_ids: list[int]
+    token_ids: list[int]  # every token generated so far
+    text: str  # the whole text so far
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from the prefix cache
+    ttft: float | None  # seconds from arrival to the first token
+    error: str | None = None
+    metrics: dict = field(default_factory=dict)

@@ -1,0 +1,48 @@
+"""Per-request sampling settings, validated before the request enters the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class InvalidRequestError(ValueError):
+    """A request the caller got wrong: it is refused, the engine goes on."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    n: int = 1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    # Stop at the model's end-of-sequence tokens (off only for benchmarks).
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequestError("max_tokens must be an integer >= 1", "max_tokens")
+        if self.temperature < 0:
+            raise InvalidRequestError("temperature must be >= 0", "temperature")
+        if not (0 < self.top_p <= 1):
+            raise InvalidRequestError("top_p must be in (0, 1]", "top_p")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidRequestError("top_k must be an integer >= 0", "top_k")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise InvalidRequestError("n must be an integer >= 1", "n")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequestError("stop must be non-empty strings", "stop")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
