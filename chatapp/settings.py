@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "chatapp.prompts",
+    "chatapp.chat",
 ]
 
 MIDDLEWARE = [
@@ -89,6 +90,22 @@ LLM_DEVICE = os.environ.get("LLM_DEVICE", "cpu")
 LLM_DTYPE = os.environ.get("LLM_DTYPE", "auto")
 LLM_BLOCK_SIZE = int(os.environ.get("LLM_BLOCK_SIZE", "16"))
 LLM_MODEL_CACHE = os.environ.get("PREFIXCHAT_MODEL_CACHE") or None
+
+# Chat service.
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "chat:home"
+LOGOUT_REDIRECT_URL = "login"
+CHAT_ALLOW_SIGNUP = env_bool("CHAT_ALLOW_SIGNUP", True)
+# Static files are served by the ASGI app itself, so `make run` is complete without a proxy.
+SERVE_STATIC = env_bool("SERVE_STATIC", True)
+# Start loading the model when the ASGI app is imported, not on the first message.
+LLM_PRELOAD = env_bool("LLM_PRELOAD", True)
+CHAT_MAX_NEW_TOKENS = int(os.environ.get("CHAT_MAX_NEW_TOKENS", "512"))
+CHAT_TEMPERATURE = float(os.environ.get("CHAT_TEMPERATURE", "0.7"))
+CHAT_TOP_P = float(os.environ.get("CHAT_TOP_P", "0.9"))
+# A streamed reply goes out in batches of this many tokens (or after CHAT_STREAM_FLUSH_S).
+CHAT_STREAM_BATCH_TOKENS = int(os.environ.get("CHAT_STREAM_BATCH_TOKENS", "4"))
+CHAT_STREAM_FLUSH_S = float(os.environ.get("CHAT_STREAM_FLUSH_S", "0.1"))
 
 # Prompt manager.
 PROMPT_TEMPLATES_DIR = BASE_DIR / "templates" / "prompts"

@@ -1,0 +1,94 @@
+"""Conversations and their messages.
+
+Messages form a tree through `parent`: an edit or a regeneration adds a sibling
+beside the message it replaces, so nothing already said is ever rewritten.
+Each message keeps the exact token ids it contributes to later prompts, so the
+next turn's prompt extends this one token for token (see chatapp/prompts).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Conversation(models.Model):
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
+    )
+    title = models.CharField(max_length=200, blank=True, default="")
+    preset_id = models.CharField(max_length=100)
+    # A preset that changes becomes a new version; the conversation keeps the one
+    # it started with so its system segment (and its cached blocks) never change.
+    preset_version = models.CharField(max_length=50, blank=True, default="")
+    preset_variables = models.JSONField(default=dict, blank=True)
+    # The message the owner last added or looked at: where a plain "send" continues.
+    current_leaf = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at", "-id"]
+        indexes = [models.Index(fields=["owner", "-updated_at"])]
+
+    def __str__(self) -> str:
+        return self.title or f"Conversation {self.pk}"
+
+    @property
+    def group_name(self) -> str:
+        """The channel-layer group every socket watching this conversation joins."""
+        return f"chat.conversation.{self.pk}"
+
+
+class Message(models.Model):
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        STREAMING = "streaming"
+        DONE = "done"
+        STOPPED = "stopped"
+        ERROR = "error"
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DONE)
+    # The ids this message contributes to every later prompt (its whole segment,
+    # role markers included); empty until the message is final.
+    token_ids = models.JSONField(default=list, blank=True)
+    # For a reply: exactly the ids the engine generated.
+    generated_token_ids = models.JSONField(default=list, blank=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    ttft = models.FloatField(null=True, blank=True, help_text="seconds to the first token")
+    finish_reason = models.CharField(max_length=16, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["conversation", "parent"])]
+
+    def __str__(self) -> str:
+        return f"{self.role} #{self.pk} ({self.status})"
+
+    @property
+    def request_id(self) -> str:
+        """The engine request id of this reply; stop aborts it by this name."""
+        return f"msg-{self.pk}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in (self.Status.PENDING, self.Status.STREAMING)
