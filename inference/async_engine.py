@@ -1,0 +1,158 @@
+"""The engine behind asyncio: a background thread steps it, callers stream outputs.
+
+Commands (add, abort) are queued and applied by the step thread between steps,
+so the event loop never waits for a step to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+
+from inference.config import EngineConfig
+from inference.llm_engine import LLMEngine
+from inference.outputs import RequestOutput
+from inference.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class _Stream:
+    __slots__ = ("loop", "queue", "n", "done")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, n: int):
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.n = n
+        self.done = 0
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):
+        self.engine = engine or LLMEngine(config)
+        self.config = self.engine.config
+        self.tokenizer = self.engine.tokenizer
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._ids = itertools.count()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
+        self._thread.start()
+
+    # --- the caller's side ---------------------------------------------------
+    async def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream outputs of one request; leaving the loop early aborts it.
+
+        Raises InvalidRequestError at once (before any output) for a bad request.
+        """
+        params = params or SamplingParams()
+        request_id = request_id or f"req-{next(self._ids)}"
+        ids = self.engine.encode(prompt)
+        self.engine.validate(request_id, ids, params)
+        if request_id in self._streams:
+            from inference.sampling_params import InvalidRequestError
+
+            raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
+        stream = _Stream(asyncio.get_running_loop(), params.n)
+        self._streams[request_id] = stream
+        self._send(("add", request_id, ids, params, cache_salt, time.monotonic()))
+        finished = False
+        try:
+            while stream.done < stream.n:
+                out = await stream.queue.get()
+                if out.finished:
+                    stream.done += 1
+                yield out
+            finished = True
+        finally:
+            if not finished:
+                self.abort(request_id)
+            self._streams.pop(request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (thread-safe); its stream, if any, gets a final 'abort' output."""
+        self._send(("abort", request_id))
+
+    def metrics(self) -> dict:
+        return self.engine.metrics_snapshot()
+
+    def reset_prefix_cache(self) -> None:
+        self._send(("reset",))
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def _send(self, cmd: tuple) -> None:
+        self._commands.put(cmd)
+        self._wake.set()
+
+    # --- the step thread -----------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopped:
+            self._apply_commands()
+            if not self.engine.has_unfinished_requests():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception:  # the engine fails requests itself; this is the last guard
+                log.exception("engine loop error")
+                outputs = []
+                for rid in list(self.engine.requests):
+                    outputs.extend(self.engine.abort(rid))
+                for out in outputs:
+                    out.finish_reason, out.error = "error", "engine failure"
+            self._deliver(outputs)
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "add":
+                _, rid, ids, params, salt, arrival = cmd
+                if rid not in self._streams:
+                    continue  # the caller left before we started
+                try:
+                    self.engine.add_request(rid, ids, params, salt, arrival)
+                except Exception as exc:
+                    self._deliver([
+                        self._error_output(rid, i, ids, str(exc)) for i in range(params.n)
+                    ])
+            elif cmd[0] == "abort":
+                self._deliver(self.engine.abort(cmd[1]))
+            elif cmd[0] == "reset":
+                self.engine.reset_prefix_cache()
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                try:
+                    stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+                except RuntimeError:  # the caller's event loop is gone
+                    self._streams.pop(out.request_id, None)
+
+    @staticmethod
+    def _error_output(rid: str, index: int, ids: list[int], msg: str) -> RequestOutput:
+        return RequestOutput(
+            request_id=rid, index=index, text_delta="", new_token_ids=[], token_ids=[], text="",
+            finished=True, finish_reason="error", prompt_tokens=len(ids), cached_tokens=0,
+            ttft=None, error=msg,
+        )

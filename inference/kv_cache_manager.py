@@ -1,0 +1,106 @@
+"""Per-sequence block bookkeeping on top of the block pool: hits, growth, release."""
+
+from __future__ import annotations
+
+from inference.block_pool import Block, BlockPool, hash_block
+from inference.sequence import Sequence
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        hash_algorithm: str = "sha256",
+        model_id: str = "",
+    ):
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.enable_caching = enable_caching
+        self.hash_algorithm = hash_algorithm
+        self.model_id = model_id
+        # Prefix-cache counters in tokens, as vLLM counts them.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    # --- hashing -------------------------------------------------------------
+    def _extra_keys(self, seq: Sequence) -> tuple:
+        return (self.model_id, seq.cache_salt)
+
+    def update_block_hashes(self, seq: Sequence) -> None:
+        """Extend seq.block_hashes over every full block of its known tokens."""
+        bs = self.block_size
+        extra = self._extra_keys(seq)
+        while (len(seq.block_hashes) + 1) * bs <= seq.num_tokens:
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            tokens = seq.token_ids[i * bs : (i + 1) * bs]
+            seq.block_hashes.append(hash_block(parent, tokens, extra, self.hash_algorithm))
+
+    # --- admission -----------------------------------------------------------
+    def find_cached_blocks(self, seq: Sequence) -> list[Block]:
+        """Longest run of cached blocks from the start, leaving the last token to compute."""
+        if not self.enable_caching:
+            return []
+        self.update_block_hashes(seq)
+        # The last token must be computed to produce logits, so cap the hit below it.
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        hits: list[Block] = []
+        for h in seq.block_hashes[:max_blocks]:
+            b = self.pool.lookup(h)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_admit(self, hits: list[Block], num_new_tokens: int) -> bool:
+        # Hit blocks sitting in the free queue stop being free once touched.
+        free_hits = sum(1 for b in hits if b.ref_cnt == 0)
+        need = self._blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
+        return need <= self.pool.num_free_blocks - free_hits
+
+    def admit(self, seq: Sequence, hits: list[Block], num_new_tokens: int) -> None:
+        """Give a waiting sequence its hit blocks and fresh ones for its first chunk."""
+        assert not seq.block_table
+        self.pool.touch(hits)
+        seq.block_table = [b.block_id for b in hits]
+        seq.num_computed_tokens = len(hits) * self.block_size
+        self.prefix_cache_queries += seq.num_tokens
+        self.prefix_cache_hits += seq.num_computed_tokens
+        self.grow(seq, num_new_tokens)
+
+    def can_grow(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self._new_blocks(seq, num_new_tokens) <= self.pool.num_free_blocks
+
+    def grow(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Make room for num_new_tokens more tokens after the computed ones."""
+        need = self._new_blocks(seq, num_new_tokens)
+        if need > 0:
+            seq.block_table.extend(b.block_id for b in self.pool.allocate(need))
+
+    def _new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
+        total = seq.num_computed_tokens + num_new_tokens
+        return max(0, self._blocks_for(total) - len(seq.block_table))
+
+    # --- after a step --------------------------------------------------------
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Register every full block whose KV is now written, prompt and reply alike."""
+        if not self.enable_caching:
+            return
+        self.update_block_hashes(seq)
+        bs = self.block_size
+        full = min(seq.num_computed_tokens // bs, len(seq.block_hashes), len(seq.block_table))
+        for i in range(full):
+            block = self.pool.blocks[seq.block_table[i]]
+            if block.block_hash is None:
+                self.pool.cache_block(block, seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs])
+
+    def free(self, seq: Sequence) -> None:
+        """Release a sequence's blocks, tail first (see BlockPool.free)."""
+        self.pool.free(self.pool.blocks[i] for i in reversed(seq.block_table))
+        seq.block_table = []
+        seq.num_computed_tokens = 0

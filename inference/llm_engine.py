@@ -1,0 +1,291 @@
+"""The synchronous engine: add requests, step, read outputs."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Sequence as Seq
+
+from inference.config import EngineConfig
+from inference.detokenizer import detokenize_incrementally, find_stop_string
+from inference.kv_cache_manager import KVCacheManager
+from inference.loader import load_weights, resolve_model_path
+from inference.metrics import EngineMetrics
+from inference.model_runner import ModelRunner
+from inference.outputs import RequestOutput
+from inference.sampler import sample
+from inference.sampling_params import InvalidRequestError, SamplingParams
+from inference.scheduler import Scheduler
+from inference.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+def _load_tokenizer_if_present(path):
+    from transformers import AutoTokenizer
+
+    if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    return AutoTokenizer.from_pretrained(path)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, tokenizer=None):
+        self.config = config = config or EngineConfig()
+        path = resolve_model_path(config.model, config.model_cache_dir)
+        weights = load_weights(path)
+        self.model_config = weights.config
+        self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer_if_present(path)
+        self.runner = ModelRunner(config, weights.config, weights.state_dict)
+        del weights
+        self.model_name = config.model if config.model != str(path) else path.name
+        self.max_model_len = min(
+            config.max_model_len,
+            getattr(self.model_config, "max_position_embeddings", config.max_model_len),
+            self.runner.num_blocks * config.block_size,
+        )
+        self.kv = KVCacheManager(
+            self.runner.num_blocks,
+            config.block_size,
+            enable_caching=config.enable_prefix_caching,
+            hash_algorithm=config.hash_algorithm,
+            # Blocks are only reusable by the same weights in the same precision.
+            model_id=f"{path.resolve()}:{config.dtype}",
+        )
+        self.scheduler = Scheduler(config, self.kv)
+        self.eos_token_ids = self._eos_ids()
+        self.requests: dict[str, list[Sequence]] = {}
+        self.metrics = EngineMetrics()
+        self._seq_ids = itertools.count()
+        self.vocab_size = self.model_config.vocab_size
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        eos = getattr(self.model_config, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(eos)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    # --- requests ------------------------------------------------------------
+    def encode(self, prompt: str | Seq[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError("this model has no tokenizer: send token ids", "prompt")
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        return list(prompt)
+
+    def validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise InvalidRequestError for anything wrong with a request before it is queued."""
+        params.validate()
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt_token_ids)} tokens; this model's context holds "
+                f"{self.max_model_len} including at least one generated token",
+                "messages",
+                code="context_length_exceeded",
+            )
+        if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in prompt_token_ids):
+            raise InvalidRequestError(f"token ids must lie in [0, {self.vocab_size})", "prompt")
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | Seq[int],
+        params: SamplingParams | None = None,
+        cache_salt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        params = params or SamplingParams()
+        ids = self.encode(prompt)
+        self.validate(request_id, ids, params)
+        seqs = []
+        for i in range(params.n):
+            seq = Sequence(next(self._seq_ids), request_id, i, ids, params, cache_salt, arrival_time)
+            if i > 0:
+                seq.wait_for = seqs[0]
+            seqs.append(seq)
+            self.scheduler.add(seq)
+        self.requests[request_id] = seqs
+
+    def abort(self, request_id: str) -> list[RequestOutput]:
+        """Stop a request wherever it is; its blocks are freed (full ones stay cached)."""
+        outputs = []
+        for seq in self.requests.get(request_id, []):
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+                outputs.append(self._finish_output(seq))
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # --- stepping ------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.empty:
+            return []
+        sampling = [
+            s for s, n in zip(sched.seqs, sched.num_tokens, strict=True)
+            if s.num_computed_tokens + n == s.num_tokens
+        ]
+        try:
+            logits = self.runner.execute(sched.seqs, sched.num_tokens)
+            tokens = sample(logits, sampling) if sampling else []
+        except Exception as exc:  # a fault fails this step's requests, not the engine
+            log.exception("engine step failed")
+            outputs = []
+            for seq in sched.seqs:
+                self.scheduler.finish(seq, "error", error=f"generation failed: {exc}")
+                outputs.append(self._finish_output(seq))
+            return outputs
+
+        for seq, n in zip(sched.seqs, sched.num_tokens, strict=True):
+            seq.num_computed_tokens += n
+            self.kv.cache_computed_blocks(seq)
+        now = time.monotonic()
+        outputs = []
+        for seq, token in zip(sampling, tokens, strict=True):
+            self._append(seq, token, now)
+            outputs.append(self._finish_output(seq) if seq.is_finished else self._output(seq))
+        return outputs
+
+    def _append(self, seq: Sequence, token: int, now: float) -> None:
+        seq.append_token(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            self.metrics.ttft.observe(now - seq.arrival_time)
+        else:
+            self.metrics.inter_token.observe(now - seq.last_token_time)
+        seq.last_token_time = now
+        self.metrics.generation_tokens_total += 1
+        p = seq.params
+        before = len(seq.text)
+        try:
+            detokenize_incrementally(self.tokenizer, seq)
+        except Exception as exc:  # a broken tokenizer fails this request only
+            self.scheduler.finish(seq, "error", error=f"detokenization failed: {exc}")
+            return
+        reason = None
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            reason = "stop"
+        elif p.stop and (cut := find_stop_string(seq.text, p.stop, before)) is not None:
+            seq.text = seq.text[:cut]
+            reason = "stop"
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason:
+            self.scheduler.finish(seq, reason)
+
+    # --- outputs -------------------------------------------------------------
+    def _output(self, seq: Sequence) -> RequestOutput:
+        visible = len(seq.text)
+        if not seq.is_finished and seq.params.stop:
+            # Hold back what could be the start of a stop string.
+            visible = max(seq.sent_text_len, visible - (max(map(len, seq.params.stop)) - 1))
+        delta = seq.text[seq.sent_text_len : visible]
+        seq.sent_text_len = visible
+        out_ids = seq.output_token_ids
+        new_ids = out_ids[seq.sent_token_len :]
+        seq.sent_token_len = len(out_ids)
+        return RequestOutput(
+            request_id=seq.request_id,
+            index=seq.index,
+            text_delta=delta,
+            new_token_ids=new_ids,
+            token_ids=list(out_ids),
+            text=seq.text[:visible],
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=seq.num_cached_tokens or 0,
+            ttft=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
+            error=seq.error,
+        )
+
+    def _finish_output(self, seq: Sequence) -> RequestOutput:
+        out = self._output(seq)
+        now = time.monotonic()
+        out.metrics = {
+            "e2e": now - seq.arrival_time,
+            "preemptions": seq.num_preemptions,
+        }
+        self.metrics.prompt_tokens_total += seq.num_prompt_tokens
+        self.metrics.record_finished({
+            "request_id": seq.request_id,
+            "index": seq.index,
+            "prompt_tokens": seq.num_prompt_tokens,
+            "cached_tokens": out.cached_tokens,
+            "completion_tokens": seq.num_output_tokens,
+            "ttft": out.ttft,
+            "e2e": out.metrics["e2e"],
+            "finish_reason": seq.finish_reason,
+            "cache_salt_set": seq.cache_salt is not None,
+        })
+        seqs = self.requests.get(seq.request_id, [])
+        if all(s.is_finished for s in seqs):
+            self.requests.pop(seq.request_id, None)
+        return out
+
+    # --- conveniences --------------------------------------------------------
+    def generate(
+        self,
+        prompts: Seq[str | Seq[int]],
+        params: SamplingParams | None = None,
+        cache_salt: str | None = None,
+    ) -> list[list[RequestOutput]]:
+        """Run prompts to completion; per prompt, the final output of each sample."""
+        ids = [f"gen-{next(self._seq_ids)}" for _ in prompts]
+        for rid, prompt in zip(ids, prompts, strict=True):
+            self.add_request(rid, prompt, params, cache_salt)
+        final: dict[str, dict[int, RequestOutput]] = {rid: {} for rid in ids}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id][out.index] = out
+        return [[final[rid][i] for i in sorted(final[rid])] for rid in ids]
+
+    def reset_prefix_cache(self) -> int:
+        return self.kv.pool.reset_prefix_cache()
+
+    def metrics_snapshot(self) -> dict:
+        pool = self.kv.pool
+        cached_free = pool.num_cached_free_blocks
+        m = self.metrics
+        with m.lock:
+            recent = list(m.recent)
+            return {
+                "engine_id": self.config.engine_id,
+                "model": self.model_name,
+                "prefix_cache_queries": self.kv.prefix_cache_queries,
+                "prefix_cache_hits": self.kv.prefix_cache_hits,
+                "hit_rate": self.kv.prefix_cache_hits / self.kv.prefix_cache_queries
+                if self.kv.prefix_cache_queries else 0.0,
+                "blocks_total": pool.num_blocks,
+                "blocks_used": pool.num_used_blocks,
+                "blocks_cached_free": cached_free,
+                "blocks_free": pool.num_free_blocks - cached_free,
+                "kv_cache_usage": pool.num_used_blocks / pool.num_blocks,
+                "block_size": self.config.block_size,
+                "evictions": pool.num_evictions,
+                "preemptions": self.scheduler.num_preemptions,
+                "num_running": len(self.scheduler.running),
+                "num_waiting": len(self.scheduler.waiting),
+                "prompt_tokens_total": m.prompt_tokens_total,
+                "generation_tokens_total": m.generation_tokens_total,
+                "requests_finished": m.requests_finished,
+                "requests_failed": m.requests_failed,
+                "requests_aborted": m.requests_aborted,
+                "ttft_seconds": m.ttft.snapshot(),
+                "inter_token_latency_seconds": m.inter_token.snapshot(),
+                "e2e_request_latency_seconds": m.e2e.snapshot(),
+                "recent_requests": recent,
+            }

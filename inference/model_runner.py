@@ -1,0 +1,100 @@
+"""Owns the model and the KV pool; turns a scheduled batch into next-token logits."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from inference.config import EngineConfig
+from inference.models.llama import LlamaForCausalLM
+from inference.sequence import Sequence
+from kernels.attention import AttentionMetadata
+
+log = logging.getLogger(__name__)
+
+
+def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype) -> int:
+    heads = model_config.num_key_value_heads
+    head_dim = getattr(model_config, "head_dim", None) or (
+        model_config.hidden_size // model_config.num_attention_heads
+    )
+    elem = torch.finfo(dtype).bits // 8
+    return 2 * model_config.num_hidden_layers * block_size * heads * head_dim * elem
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_config, state_dict: dict[str, torch.Tensor]):
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = config.torch_dtype
+        self.block_size = config.block_size
+        with torch.device(self.device):
+            model = LlamaForCausalLM(model_config)
+        model.load_hf_state_dict(state_dict)
+        self.model = model.to(dtype=self.dtype).eval()
+        # Rotary frequencies stay fp32 for accuracy at long positions.
+        self.model.rotary.inv_freq = self.model.rotary.inv_freq.float()
+        per_block = kv_bytes_per_block(model_config, self.block_size, self.dtype)
+        self.num_blocks = config.num_blocks or max(1, config.kv_cache_memory_bytes // per_block)
+        self.kv_cache = torch.zeros(
+            2,
+            model_config.num_hidden_layers,
+            self.num_blocks,
+            self.block_size,
+            self.model.num_kv_heads,
+            self.model.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        log.info("KV pool: %d blocks of %d tokens (%.1f MiB)", self.num_blocks,
+                 self.block_size, self.num_blocks * per_block / 2**20)
+
+    def prepare(self, seqs: list[Sequence], num_tokens: list[int]):
+        bs = self.block_size
+        ids, pos, slots = [], [], []
+        query_start_loc, seq_lens = [0], []
+        sample_rows: list[int] = []
+        for seq, n in zip(seqs, num_tokens, strict=True):
+            start = seq.num_computed_tokens
+            ids.extend(seq.token_ids[start : start + n])
+            p = np.arange(start, start + n)
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            query_start_loc.append(query_start_loc[-1] + n)
+            seq_lens.append(start + n)
+            if start + n == seq.num_tokens:
+                sample_rows.append(query_start_loc[-1] - 1)
+        width = max(len(s.block_table) for s in seqs)
+        tables = np.zeros((len(seqs), width), dtype=np.int64)
+        for i, s in enumerate(seqs):
+            tables[i, : len(s.block_table)] = s.block_table
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(dev),
+            block_tables=torch.from_numpy(tables).to(dev),
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        positions = torch.from_numpy(np.concatenate(pos)).to(dev)
+        return input_ids, positions, meta, sample_rows
+
+    @torch.inference_mode()
+    def execute(self, seqs: list[Sequence], num_tokens: list[int]) -> torch.Tensor | None:
+        """Run one step; logits [rows, vocab] for the sequences whose chunk reaches their end."""
+        input_ids, positions, meta, sample_rows = self.prepare(seqs, num_tokens)
+        hidden = self.model(input_ids, positions, self.kv_cache, meta)
+        if not sample_rows:
+            return None
+        rows = torch.tensor(sample_rows, device=self.device)
+        return self.model.compute_logits(hidden.index_select(0, rows)).cpu()
+
+    @torch.inference_mode()
+    def full_logits(self, seqs: list[Sequence], num_tokens: list[int]) -> torch.Tensor:
+        """Logits for every scheduled token (for parity tests and scoring)."""
+        input_ids, positions, meta, _ = self.prepare(seqs, num_tokens)
+        hidden = self.model(input_ids, positions, self.kv_cache, meta)
+        return self.model.compute_logits(hidden).cpu()

@@ -1,0 +1,118 @@
+"""Continuous batching: which sequences compute how many tokens in the next step."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from inference.config import EngineConfig
+from inference.kv_cache_manager import KVCacheManager
+from inference.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)  # tokens each computes now
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    """Running sequences go first (decodes and unfinished prefill chunks), then new
+    ones while the token budget and blocks last. When blocks run out, the newest
+    running sequence is preempted: its blocks are freed (its full blocks usually
+    stay cached, so it re-hits) and it is recomputed later."""
+
+    def __init__(self, config: EngineConfig, kv: KVCacheManager):
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.kv = kv
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        pending = list(self.running)
+        kept: list[Sequence] = []
+        while pending:
+            seq = pending.pop(0)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n <= 0:
+                kept.append(seq)
+                continue
+            while not self.kv.can_grow(seq, n):
+                victim = pending.pop() if pending else seq
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            self.kv.grow(seq, n)
+            out.seqs.append(seq)
+            out.num_tokens.append(n)
+            kept.append(seq)
+            budget -= n
+        self.running = kept
+
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        return out
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        skipped: list[Sequence] = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            parent = seq.wait_for
+            if parent is not None and not parent.is_finished and (
+                parent.num_computed_tokens < parent.num_prompt_tokens
+            ):
+                # A sibling sample waits for its prompt's blocks, then shares them.
+                skipped.append(self.waiting.popleft())
+                continue
+            hits = self.kv.find_cached_blocks(seq)
+            n = min(seq.num_tokens - len(hits) * self.kv.block_size, budget)
+            if not self.kv.can_admit(hits, n):
+                break
+            self.waiting.popleft()
+            self.kv.admit(seq, hits, n)
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = seq.num_computed_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.seqs.append(seq)
+            out.num_tokens.append(n)
+            budget -= n
+        self.waiting.extendleft(reversed(skipped))
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        """Take a sequence out of the queues and release its blocks."""
+        if seq.is_finished:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.error = error

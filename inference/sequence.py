@@ -1,0 +1,86 @@
+"""One sample of one request: its tokens, its blocks and its progress."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from inference.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(
+        self,
+        seq_id: int,
+        request_id: str,
+        index: int,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str | None = None,
+        arrival_time: float | None = None,
+    ):
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.index = index  # sample number within the request (n > 1)
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.cache_salt = cache_salt
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        # Chained hashes of the full blocks of token_ids, computed as blocks fill.
+        self.block_hashes: list[bytes] = []
+        self.num_computed_tokens = 0
+        # Prompt tokens served from the prefix cache at first admission.
+        self.num_cached_tokens: int | None = None
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        # Sibling samples wait until the first sample's prompt is in the cache.
+        self.wait_for: Sequence | None = None
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed + index)
+        # Timing, for TTFT and latency metrics.
+        self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        # Detokenization state.
+        self.text = ""
+        self.sent_text_len = 0
+        self.sent_token_len = 0
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id}#{self.index}, {self.status.value}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens})"
+        )
