@@ -1,0 +1,224 @@
+"""The chat WebSocket: /ws/chat/<conversation_id>/.
+
+Protocol (JSON text frames).
+
+Client -> server:
+  {"type": "send", "content": str, "parent_id": int?}   new turn after parent_id
+                                                         (default: the current leaf)
+  {"type": "stop", "message_id": int?}                  stop a reply (default: all running)
+  {"type": "regenerate", "message_id": int}             new reply beside this reply
+  {"type": "edit", "message_id": int, "content": str}   new user message beside this one
+  {"type": "select", "message_id": int}                 remember the branch being viewed
+  {"type": "ping"}
+
+Server -> client:
+  {"type": "hello", "conversation": {...}}                on connect
+  {"type": "message.created", "message": {...}}           a user message or a pending reply
+  {"type": "message.started", "message_id", "prompt_tokens"}
+  {"type": "message.delta", "message_id", "seq", "text"} seq counts 1, 2, 3... per reply
+  {"type": "message.done", "message_id", "seq", "message": {..., "usage": {...}}}
+  {"type": "conversation.updated", "conversation": {...}}
+  {"type": "error", "code", "message", "request_type"}  the socket stays open
+  {"type": "pong"}
+
+Close codes: 4401 not logged in; 4404 no such conversation for this user (another
+user's conversation looks the same as a missing one). A cross-origin handshake is
+refused by AllowedHostsOriginValidator (HTTP 403 before the socket opens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from chatapp.chat import selectors, services
+from chatapp.chat.errors import ChatError, InvalidInput, NotFound
+from chatapp.chat.serializers import conversation_dict, message_dict
+from chatapp.generation import services as generation
+
+log = logging.getLogger(__name__)
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_NOT_FOUND = 4404
+MAX_FRAME_CHARS = 256 * 1024
+
+
+class ChatConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        self.conversation = None
+        self.tasks: dict[int, asyncio.Task] = {}
+        user = self.scope.get("user")
+        # Accept first, then close: only an accepted socket can carry a close code.
+        await self.accept()
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        try:
+            self.conversation = await database_sync_to_async(selectors.conversation_get)(
+                user=user, conversation_id=self.scope["url_route"]["kwargs"]["conversation_id"]
+            )
+        except NotFound:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        self.group = self.conversation.group_name
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.send_event({"type": "hello", "conversation": conversation_dict(self.conversation)})
+
+    async def disconnect(self, code: int) -> None:
+        if self.conversation is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+        # A client that leaves stops its replies; each keeps its partial text as `stopped`.
+        for reply_id in list(self.tasks):
+            generation.stop_reply(reply_id)
+        if self.tasks:
+            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    # -- client events -----------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.conversation is None:
+            return
+        if text_data is None:
+            await self.send_error("bad_request", "Send JSON text frames, not binary.")
+            return
+        if len(text_data) > MAX_FRAME_CHARS:
+            await self.send_error("message_too_long", "The frame is too large.")
+            return
+        try:
+            data = json.loads(text_data)
+        except ValueError:
+            await self.send_error("bad_json", "The frame is not valid JSON.")
+            return
+        if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+            await self.send_error("bad_request", 'Expected a JSON object with a "type".')
+            return
+        kind = data["type"]
+        handler = self.HANDLERS.get(kind)
+        if handler is None:
+            await self.send_error("unknown_event", f"Unknown event type {kind[:40]!r}.", kind)
+            return
+        try:
+            await handler(self, data)
+        except NotFound as exc:
+            if not await self.conversation_still_exists():
+                await self.close(code=CLOSE_NOT_FOUND)
+                return
+            await self.send_error(exc.code, exc.message, kind)
+        except ChatError as exc:
+            await self.send_error(exc.code, exc.message, kind)
+
+    async def on_send(self, data: dict) -> None:
+        user_msg, reply = await database_sync_to_async(services.message_send)(
+            conversation=self.conversation,
+            content=data.get("content"),
+            parent_id=self.optional_id(data, "parent_id"),
+        )
+        await self.announce(user_msg, reply)
+
+    async def on_edit(self, data: dict) -> None:
+        user_msg, reply = await database_sync_to_async(services.message_edit)(
+            conversation=self.conversation,
+            message_id=self.required_id(data),
+            content=data.get("content"),
+        )
+        await self.announce(user_msg, reply)
+
+    async def on_regenerate(self, data: dict) -> None:
+        reply = await database_sync_to_async(services.message_regenerate)(
+            conversation=self.conversation, message_id=self.required_id(data)
+        )
+        await self.announce(reply)
+
+    async def on_stop(self, data: dict) -> None:
+        message_id = self.optional_id(data, "message_id")
+        if message_id is None:
+            active = await database_sync_to_async(selectors.conversation_active_replies)(
+                conversation=self.conversation
+            )
+            ids = [m.pk for m in active]
+        else:
+            reply = await database_sync_to_async(selectors.message_get)(
+                conversation=self.conversation, message_id=message_id
+            )
+            ids = [reply.pk]
+        for reply_id in ids:
+            generation.stop_reply(reply_id)
+
+    async def on_select(self, data: dict) -> None:
+        await database_sync_to_async(services.conversation_select_leaf)(
+            conversation=self.conversation, message_id=self.required_id(data)
+        )
+
+    async def on_ping(self, data: dict) -> None:
+        await self.send_event({"type": "pong"})
+
+    HANDLERS = {
+        "send": on_send,
+        "edit": on_edit,
+        "regenerate": on_regenerate,
+        "stop": on_stop,
+        "select": on_select,
+        "ping": on_ping,
+    }
+
+    # -- group events ------------------------------------------------------
+
+    async def chat_event(self, event: dict) -> None:
+        await self.send_event(event["event"])
+
+    # -- helpers -----------------------------------------------------------
+
+    async def announce(self, *messages) -> None:
+        """Tell every tab about the new messages, then start generating the reply."""
+        conversation = await database_sync_to_async(self.reload_conversation)()
+        for message in messages:
+            await generation.publish(self.group, {"type": "message.created",
+                                                  "message": message_dict(message)})
+        await generation.publish(self.group, {"type": "conversation.updated",
+                                              "conversation": conversation_dict(conversation)})
+        reply = messages[-1]
+        task = asyncio.create_task(generation.run_reply(reply.pk))
+        self.tasks[reply.pk] = task
+        task.add_done_callback(lambda _t, pk=reply.pk: self.tasks.pop(pk, None))
+
+    def reload_conversation(self):
+        self.conversation.refresh_from_db()
+        return self.conversation
+
+    async def conversation_still_exists(self) -> bool:
+        try:
+            await database_sync_to_async(self.reload_conversation)()
+        except self.conversation.DoesNotExist:
+            return False
+        return True
+
+    @staticmethod
+    def optional_id(data: dict, key: str) -> int | None:
+        value = data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise InvalidInput(f'"{key}" must be a message id.')
+        try:
+            return int(value)
+        except ValueError:
+            raise InvalidInput(f'"{key}" must be a message id.') from None
+
+    @classmethod
+    def required_id(cls, data: dict) -> int:
+        value = cls.optional_id(data, "message_id")
+        if value is None:
+            raise InvalidInput('"message_id" is required.')
+        return value
+
+    async def send_event(self, event: dict) -> None:
+        await self.send(text_data=json.dumps(event))
+
+    async def send_error(self, code: str, message: str, request_type: str | None = None) -> None:
+        await self.send_event(
+            {"type": "error", "code": code, "message": message, "request_type": request_type}
+        )

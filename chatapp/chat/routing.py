@@ -1,0 +1,7 @@
+from django.urls import path
+
+from chatapp.chat.consumers import ChatConsumer
+
+websocket_urlpatterns = [
+    path("ws/chat/<str:conversation_id>/", ChatConsumer.as_asgi()),
+]

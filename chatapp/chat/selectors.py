@@ -1,0 +1,86 @@
+"""Read-only queries over conversations and messages, always scoped to a user."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Q, QuerySet
+
+from chatapp.chat.errors import NotFound
+from chatapp.chat.models import Conversation, Message
+
+
+def conversation_list(*, user: AbstractBaseUser, search: str = "") -> QuerySet[Conversation]:
+    """The user's conversations, newest first; `search` matches titles and message text."""
+    qs = Conversation.objects.filter(owner=user)
+    search = search.strip()
+    if search:
+        matching = Message.objects.filter(
+            conversation__owner=user, content__icontains=search
+        ).values("conversation_id")
+        qs = qs.filter(Q(title__icontains=search) | Q(pk__in=matching))
+    return qs
+
+
+def conversation_get(*, user: AbstractBaseUser, conversation_id: int | str) -> Conversation:
+    """The user's conversation, or NotFound: another user's conversation looks absent."""
+    try:
+        pk = int(conversation_id)
+    except (TypeError, ValueError):
+        raise NotFound("Conversation not found.") from None
+    if not getattr(user, "is_authenticated", False):
+        raise NotFound("Conversation not found.")
+    conversation = Conversation.objects.filter(pk=pk, owner=user).first()
+    if conversation is None:
+        raise NotFound("Conversation not found.")
+    return conversation
+
+
+def message_get(
+    *, conversation: Conversation, message_id: int | str, role: str | None = None
+) -> Message:
+    try:
+        pk = int(message_id)
+    except (TypeError, ValueError):
+        raise NotFound("Message not found.") from None
+    qs = Message.objects.filter(pk=pk, conversation=conversation)
+    if role:
+        qs = qs.filter(role=role)
+    message = qs.first()
+    if message is None:
+        raise NotFound("Message not found.")
+    return message
+
+
+def message_path(*, message: Message) -> list[Message]:
+    """The branch from the root down to `message`, inclusive."""
+    by_id = {m.pk: m for m in Message.objects.filter(conversation_id=message.conversation_id)}
+    path: list[Message] = []
+    node: Message | None = by_id.get(message.pk, message)
+    while node is not None:
+        path.append(node)
+        node = by_id.get(node.parent_id) if node.parent_id else None
+    path.reverse()
+    return path
+
+
+def conversation_messages(*, conversation: Conversation) -> list[Message]:
+    """Every message of the conversation (all branches), oldest first."""
+    return list(Message.objects.filter(conversation=conversation).order_by("created_at", "id"))
+
+
+def conversation_active_replies(*, conversation: Conversation) -> list[Message]:
+    return list(
+        Message.objects.filter(
+            conversation=conversation,
+            status__in=[Message.Status.PENDING, Message.Status.STREAMING],
+        )
+    )
+
+
+def latest_leaf(*, conversation: Conversation) -> Message | None:
+    """Where a plain "send" continues: the remembered leaf, else the newest message."""
+    if conversation.current_leaf_id:
+        leaf = Message.objects.filter(pk=conversation.current_leaf_id).first()
+        if leaf is not None:
+            return leaf
+    return Message.objects.filter(conversation=conversation).order_by("-created_at", "-id").first()

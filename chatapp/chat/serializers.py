@@ -1,0 +1,41 @@
+"""Plain dicts for the page and the WebSocket events (one shape for both)."""
+
+from __future__ import annotations
+
+from chatapp.chat.models import Conversation, Message
+
+
+def usage_dict(message: Message) -> dict | None:
+    if message.role != Message.Role.ASSISTANT or message.prompt_tokens is None:
+        return None
+    return {
+        "prompt_tokens": message.prompt_tokens,
+        "cached_tokens": message.cached_tokens or 0,
+        "completion_tokens": message.completion_tokens or 0,
+        "ttft_ms": None if message.ttft is None else round(message.ttft * 1000, 1),
+    }
+
+
+def message_dict(message: Message) -> dict:
+    return {
+        "id": message.pk,
+        "parent_id": message.parent_id,
+        "role": message.role,
+        "content": message.content,
+        "status": message.status,
+        "finish_reason": message.finish_reason or None,
+        "error": message.error or None,
+        "usage": usage_dict(message),
+        "created_at": message.created_at.isoformat() if message.created_at else None,
+    }
+
+
+def conversation_dict(conversation: Conversation) -> dict:
+    return {
+        "id": conversation.pk,
+        "title": conversation.title,
+        "preset_id": conversation.preset_id,
+        "preset_version": conversation.preset_version,
+        "current_leaf_id": conversation.current_leaf_id,
+        "updated_at": conversation.updated_at.isoformat() if conversation.updated_at else None,
+    }

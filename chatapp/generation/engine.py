@@ -1,0 +1,75 @@
+"""The embedded engine: one AsyncEngine per process, shared by every consumer.
+
+Loading the model takes seconds, so it happens once, behind a lock, in whichever
+thread asks first (the ASGI app starts it in the background at import when
+LLM_PRELOAD is on, so the first message does not wait for it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+_engine = None
+_lock = threading.Lock()
+
+
+def engine_config():
+    from inference import EngineConfig
+
+    kwargs = {
+        "model": settings.LLM_MODEL,
+        "device": settings.LLM_DEVICE,
+        "dtype": settings.LLM_DTYPE,
+        "block_size": settings.LLM_BLOCK_SIZE,
+        "model_cache_dir": settings.LLM_MODEL_CACHE,
+        "engine_id": getattr(settings, "LLM_ENGINE_ID", "web"),
+    }
+    for name, setting in (
+        ("num_blocks", "LLM_NUM_BLOCKS"),
+        ("max_num_seqs", "LLM_MAX_NUM_SEQS"),
+        ("max_model_len", "LLM_MAX_MODEL_LEN"),
+    ):
+        value = getattr(settings, setting, None)
+        if value:
+            kwargs[name] = value
+    return EngineConfig(**kwargs)
+
+
+def get_engine():
+    """This process's engine, created on first use (blocking: call from a thread in async code)."""
+    global _engine
+    if _engine is None:
+        with _lock:
+            if _engine is None:
+                from inference import AsyncEngine
+
+                config = engine_config()
+                log.info("Loading model %s on %s (%s)...", config.model, config.device, config.dtype)
+                _engine = AsyncEngine(config)
+                log.info("Model loaded.")
+    return _engine
+
+
+async def aget_engine():
+    """get_engine() without blocking the event loop while the model loads."""
+    if _engine is not None:
+        return _engine
+    return await asyncio.to_thread(get_engine)
+
+
+def preload_in_background() -> None:
+    """Start loading the model now, in a daemon thread; errors surface on first use."""
+
+    def load() -> None:
+        try:
+            get_engine()
+        except Exception:
+            log.exception("Preloading the model failed; the first message will retry.")
+
+    threading.Thread(target=load, name="engine-preload", daemon=True).start()

@@ -1,0 +1,19 @@
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def small_replies(settings):
+    """Short, greedy replies keep the suite fast on two CPU cores."""
+    settings.CHAT_MAX_NEW_TOKENS = 24
+    settings.CHAT_TEMPERATURE = 0.0
+    settings.CHAT_STREAM_BATCH_TOKENS = 4
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_user("alice", password="alice-pass-123")
+
+
+@pytest.fixture
+def bob(django_user_model):
+    return django_user_model.objects.create_user("bob", password="bob-pass-123")
