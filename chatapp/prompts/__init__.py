@@ -1,0 +1,12 @@
+"""The stable-template prompt manager: token-level history, block-aligned system prompts.
+
+Modules, one job each:
+  errors     the PromptError family every caller can catch
+  templating Jinja2 sandbox, template front-matter, static safety checks
+  presets    versioned system-prompt presets (templates/prompts/presets/)
+  formats    chat formats: how roles are wrapped (templates/prompts/formats/)
+  encoding   text -> token ids without letting user text forge special tokens
+  services   PromptBuilder / PromptPlan: the prompts the engine receives
+  lint       the stability linter (`manage.py prompts lint`)
+  profile    recent prompts side by side (`manage.py prompts profile`)
+"""

@@ -1,0 +1,77 @@
+"""Text to token ids, keeping the format's special tokens and the user's text apart.
+
+Template text (the format's role markers) is encoded with special tokens parsed.
+Content (what a user, a preset variable or a client wrote) is encoded with special
+tokens *not* parsed, so typing "<|im_end|><|im_start|>system" yields ordinary text
+tokens rather than a forged turn. For content free of such strings the result is
+exactly what the tokenizer gives for the whole rendered text, because the
+tokenizer itself encodes the text between two special tokens independently.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+class TokenEncoder:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        added = [tok.content for tok in tokenizer.added_tokens_decoder.values()]
+        # Longest first, so a token that contains another is matched whole.
+        self._added_re = (
+            re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
+            if added
+            else None
+        )
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+
+    def trusted(self, text: str) -> list[int]:
+        """Template-owned text: special-token strings become special tokens."""
+        if not text:
+            return []
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=False))
+
+    def untrusted(self, text: str) -> list[int]:
+        """Content: special-token strings stay plain text."""
+        if not text:
+            return []
+        backend = self._backend
+        if backend is None or backend.model is None:
+            return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        # The tokenizer's own pipeline minus its added-token pass. Going through the
+        # backend directly avoids flipping its shared `encode_special_tokens` switch,
+        # which another thread may be relying on at the same moment.
+        if backend.normalizer is not None:
+            text = backend.normalizer.normalize_str(text)
+        pieces = [text]
+        if backend.pre_tokenizer is not None:
+            pieces = [piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
+        return [tok.id for piece in pieces for tok in backend.model.tokenize(piece)]
+
+    def _last_special_end(self, text: str) -> int:
+        if self._added_re is None:
+            return 0
+        end = 0
+        for match in self._added_re.finditer(text):
+            end = match.end()
+        return end
+
+    def _first_special_start(self, text: str) -> int:
+        if self._added_re is None:
+            return len(text)
+        match = self._added_re.search(text)
+        return match.start() if match else len(text)
+
+    def parts(self, before: str, content: str, after: str) -> list[int]:
+        """Ids of before + content + after, where only before/after may hold special tokens.
+
+        The plain text on either side of the content (e.g. "user\\n" after
+        "<|im_start|>") is encoded together with it, as the tokenizer would.
+        """
+        cut_before = self._last_special_end(before)
+        cut_after = self._first_special_start(after)
+        return (
+            self.trusted(before[:cut_before])
+            + self.untrusted(before[cut_before:] + content + after[:cut_after])
+            + self.trusted(after[cut_after:])
+        )

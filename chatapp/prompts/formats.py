@@ -1,0 +1,193 @@
+"""Chat formats: how roles are wrapped in special tokens (templates/prompts/formats/).
+
+A chat format is a Jinja2 template with the Hugging Face chat-template contract
+(`messages`, `add_generation_prompt`, `bos_token`, `eos_token`) plus front-matter
+naming its tokens::
+
+    {#- format
+    name = "chatml"
+    special_tokens = ["<|im_start|>", "<|im_end|>"]   # how a tokenizer is recognised
+    stop_token = "<|im_end|>"                          # the token that ends a reply
+    end_of_turn = "<|im_end|>\\n"                       # text that closes every turn
+    filler = "\\n"                                      # one token, pads the system turn
+    -#}
+
+The prompt builder never renders a whole conversation. It renders one message
+at a time, as the difference between the format applied to a fixed probe
+conversation with and without that message, so a message's text is the same
+whatever comes before or after it. That is only sound for formats that do not
+rewrite history; `prompts lint` checks exactly that.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from jinja2 import TemplateError
+
+from chatapp.prompts.errors import FormatError
+from chatapp.prompts.templating import parse_front_matter, sandbox_environment
+
+# Stands in for a message's content while probing the format; private-use code points
+# keep it from meeting anything a template could do to ordinary text.
+SENTINEL = "\ue000PREFIXCHAT\ue001"
+
+# Probe conversations: a message of role r is rendered after these messages.
+_PROBES: dict[str, list[dict[str, str]]] = {
+    "user": [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {"role": "assistant", "content": "A"},
+    ],
+    "assistant": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
+    "system": [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {"role": "assistant", "content": "A"},
+    ],
+}
+ROLES = tuple(_PROBES)
+
+
+def formats_dir(base: Path | str | None = None) -> Path:
+    from chatapp.prompts.presets import templates_dir
+
+    return templates_dir(base) / "formats"
+
+
+class ChatFormat:
+    """One chat format: render whole conversations, or one turn split around its content."""
+
+    REQUIRED = ("name", "special_tokens", "stop_token", "end_of_turn", "filler")
+
+    def __init__(self, source: str, path: Path | None = None):
+        fm = parse_front_matter(source)
+        where = str(path) if path else "chat format"
+        if fm.error:
+            raise FormatError(f"{where}: {fm.error}")
+        if fm.kind != "format":
+            raise FormatError(f"{where}: missing '{{#- format ... #}}' front-matter")
+        missing = [key for key in self.REQUIRED if key not in fm.meta]
+        if missing:
+            raise FormatError(f"{where}: front-matter lacks {', '.join(missing)}")
+        meta = fm.meta
+        self.source = source
+        self.path = path
+        self.name: str = str(meta["name"])
+        self.title: str = str(meta.get("title", self.name))
+        self.special_tokens: tuple[str, ...] = tuple(meta["special_tokens"])
+        self.stop_token: str = str(meta["stop_token"])
+        self.end_of_turn: str = str(meta["end_of_turn"])
+        self.filler: str = str(meta["filler"])
+        self.bos_token: str = str(meta.get("bos_token", ""))
+        try:
+            self._template = sandbox_environment("format").from_string(source)
+        except TemplateError as exc:
+            raise FormatError(f"{where}: {exc}") from exc
+        self._probe_deltas: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"ChatFormat({self.name!r})"
+
+    def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False) -> str:
+        try:
+            return self._template.render(
+                messages=[dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.stop_token,
+            )
+        except FormatError:
+            raise
+        except TemplateError as exc:
+            raise FormatError(f"chat format {self.name!r} failed to render: {exc}") from exc
+
+    def _delta(self, role: str, content: str) -> str:
+        if role not in _PROBES:
+            raise FormatError(f"role {role!r} is not supported (use one of {', '.join(ROLES)})")
+        probe = _PROBES[role]
+        base = self.render(probe)
+        full = self.render([*probe, {"role": role, "content": content}])
+        if not full.startswith(base):
+            raise FormatError(
+                f"chat format {self.name!r} rewrites earlier messages when a {role} message "
+                "is added; run `manage.py prompts lint` on it"
+            )
+        return full[len(base):]
+
+    def _split(self, rendered: str, probe_rendered: str, what: str) -> tuple[str, str, str]:
+        if probe_rendered.count(SENTINEL) != 1:
+            raise FormatError(f"chat format {self.name!r} does not render {what} content exactly once")
+        before, after = probe_rendered.split(SENTINEL)
+        if not (rendered.startswith(before) and rendered.endswith(after)) or len(rendered) < len(
+            before
+        ) + len(after):
+            raise FormatError(f"chat format {self.name!r} wraps {what} differently by content")
+        return before, rendered[len(before) : len(rendered) - len(after)], after
+
+    def turn_parts(self, role: str, content: str) -> tuple[str, str, str]:
+        """(text before the content, the content as the format renders it, text after)
+        for a `role` message that follows other messages."""
+        if role not in self._probe_deltas:
+            self._probe_deltas[role] = self._delta(role, SENTINEL)
+        return self._split(self._delta(role, content), self._probe_deltas[role], f"a {role} message's")
+
+    def opening_parts(self, role: str, content: str) -> tuple[str, str, str]:
+        """Like turn_parts, for the message that opens a conversation (BOS included)."""
+        if role not in _PROBES:
+            raise FormatError(f"role {role!r} is not supported (use one of {', '.join(ROLES)})")
+        rendered = self.render([{"role": role, "content": content}])
+        probe = self.render([{"role": role, "content": SENTINEL}])
+        return self._split(rendered, probe, f"the opening {role} message's")
+
+    @functools.cached_property
+    def generation_prompt_text(self) -> str:
+        probe = _PROBES["assistant"]
+        without = self.render(probe)
+        with_prompt = self.render(probe, add_generation_prompt=True)
+        if not with_prompt.startswith(without):
+            raise FormatError(f"chat format {self.name!r}: the generation prompt rewrites the prompt")
+        return with_prompt[len(without):]
+
+
+@functools.lru_cache(maxsize=32)
+def _load(source: str, path: str) -> ChatFormat:
+    return ChatFormat(source, Path(path))
+
+
+def load_format_file(path: Path | str) -> ChatFormat:
+    path = Path(path)
+    return _load(path.read_text(encoding="utf-8"), str(path))
+
+
+def list_formats(*, base_dir: Path | str | None = None) -> list[ChatFormat]:
+    folder = formats_dir(base_dir)
+    return [load_format_file(p) for p in sorted(folder.glob("*.jinja"))] if folder.is_dir() else []
+
+
+def get_format(name: str, *, base_dir: Path | str | None = None) -> ChatFormat:
+    for fmt in list_formats(base_dir=base_dir):
+        if fmt.name == name:
+            return fmt
+    raise FormatError(f"no chat format named {name!r}")
+
+
+def tokenizer_has_tokens(tokenizer, tokens: Sequence[str]) -> bool:
+    """True when every string in `tokens` is one token of the tokenizer's vocabulary."""
+    vocab = tokenizer.get_vocab()
+    return all(tok in vocab for tok in tokens)
+
+
+def format_for_tokenizer(tokenizer, *, base_dir: Path | str | None = None) -> ChatFormat:
+    """The shipped format whose special tokens the tokenizer has (most specific first)."""
+    vocab = tokenizer.get_vocab()
+    candidates = sorted(list_formats(base_dir=base_dir), key=lambda f: (-len(f.special_tokens), f.name))
+    for fmt in candidates:
+        if fmt.special_tokens and all(tok in vocab for tok in fmt.special_tokens):
+            return fmt
+    raise FormatError(
+        "no chat format matches this tokenizer's special tokens "
+        f"(known formats: {', '.join(f.name for f in candidates) or 'none'})"
+    )

@@ -1,0 +1,291 @@
+"""System-prompt presets: versioned Jinja2 files in templates/prompts/presets/.
+
+A preset is `presets/<id>.jinja`: TOML front-matter in a leading Jinja comment,
+then the system prompt::
+
+    {#- preset
+    title = "Support agent"
+    description = "Answers questions about one product."
+    version = "1"                      # optional, shown in the version string
+    [variables]
+    product_name = { default = "PrefixChat", description = "The product supported" }
+    -#}
+    You are the support agent for {{ product_name }}.
+
+Versions. A preset's version is derived from its content: `<declared>-<sha>` (or
+just `<sha>`), where sha is the first 12 hex digits of the sha256 of the file.
+Any change to the file is a new version. A conversation stores the version it
+started with, and that version must stay resolvable after the file changes, so
+activated versions are copied, byte for byte, into the version registry
+`versions/<id>/<version>.jinja` (committed with the code, no database needed).
+`manage.py prompts freeze` copies the current version there, and only after it
+passes lint; `prompts lint` fails while a shipped preset's current version is not
+in the registry. `get_preset(id)` gives the current file's version;
+`get_preset(id, version)` finds old versions in the registry.
+
+A preset that fails validation (syntax error, unknown variable, unstable name,
+sandbox violation) raises PresetInvalid: it cannot be used or frozen.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jinja2 import Template, TemplateError
+from jinja2.exceptions import SecurityError, UndefinedError
+
+from chatapp.prompts.errors import PresetInvalid, PresetNotFound, PresetRenderError
+from chatapp.prompts.templating import (
+    Problem,
+    parse_front_matter,
+    sandbox_environment,
+    static_problems,
+)
+
+log = logging.getLogger(__name__)
+
+PRESET_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+VERSION_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+DECLARED_VERSION_RE = re.compile(r"^[A-Za-z0-9._]{1,16}$")
+# Variable values are plain data: objects could smuggle methods (or a clock) into the sandbox.
+VALUE_TYPES = (str, int, float, bool)
+MAX_VALUE_CHARS = 4000
+
+
+def templates_dir(override: Path | str | None = None) -> Path:
+    if override is not None:
+        return Path(override)
+    from django.conf import settings
+
+    return Path(settings.PROMPT_TEMPLATES_DIR)
+
+
+def presets_dir(base: Path | str | None = None) -> Path:
+    return templates_dir(base) / "presets"
+
+
+def versions_dir(base: Path | str | None = None) -> Path:
+    return templates_dir(base) / "versions"
+
+
+@dataclass(frozen=True)
+class Preset:
+    id: str
+    version: str
+    title: str
+    description: str
+    variables: tuple[str, ...]  # every variable the template may use
+    defaults: Mapping[str, object] = field(compare=False)
+    required: tuple[str, ...] = ()  # variables without a default: the caller must give them
+    variable_help: Mapping[str, str] = field(default_factory=dict, compare=False)
+    declared_version: str | None = None
+    source: str = field(default="", repr=False)
+    path: Path | None = field(default=None, compare=False)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.id}@{self.version}"
+
+    def values(self, variables: Mapping[str, object] | None = None) -> dict[str, object]:
+        """Defaults overlaid with `variables`, checked: known names, plain values, none missing."""
+        given = dict(variables or {})
+        unknown = sorted(set(given) - set(self.variables))
+        if unknown:
+            raise PresetRenderError(
+                f"preset {self.id!r} has no variable {unknown[0]!r} "
+                f"(its variables: {', '.join(self.variables) or 'none'})"
+            )
+        for name, value in given.items():
+            if not isinstance(value, VALUE_TYPES):
+                raise PresetRenderError(
+                    f"variable {name!r} of preset {self.id!r} must be text or a number, "
+                    f"not {type(value).__name__}"
+                )
+            if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
+                raise PresetRenderError(f"variable {name!r} is longer than {MAX_VALUE_CHARS} characters")
+        values = {**self.defaults, **given}
+        missing = [name for name in self.required if name not in values]
+        if missing:
+            raise PresetRenderError(f"preset {self.id!r} needs a value for {missing[0]!r}")
+        return values
+
+    def render(self, variables: Mapping[str, object] | None = None) -> str:
+        """The system prompt text. Leading/trailing whitespace is dropped so edits there
+        cannot silently create a new token sequence."""
+        values = self.values(variables)
+        try:
+            return _compiled(self.source).render(**values).strip()
+        except SecurityError as exc:
+            raise PresetRenderError(f"preset {self.ref}: sandbox violation: {exc}") from exc
+        except UndefinedError as exc:
+            raise PresetRenderError(f"preset {self.ref}: {exc}") from exc
+        except TemplateError as exc:
+            raise PresetRenderError(f"preset {self.ref}: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(source: str) -> Template:
+    return sandbox_environment("preset").from_string(source)
+
+
+def content_version(source: str, declared: str | None) -> str:
+    sha = hashlib.sha256(source.encode("utf-8")).hexdigest()[:12]
+    return f"{declared}-{sha}" if declared else sha
+
+
+def _read_variables(meta: dict) -> tuple[dict, tuple[str, ...], dict, list[Problem]]:
+    """Front-matter [variables]: `name = "default"` or `name = {default=..., description=...}`."""
+    defaults: dict[str, object] = {}
+    required: list[str] = []
+    help_text: dict[str, str] = {}
+    problems: list[Problem] = []
+    table = meta.get("variables", {})
+    if not isinstance(table, dict):
+        return {}, (), {}, [Problem("front-matter", "[variables] must be a table")]
+    for name, spec in table.items():
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+            problems.append(Problem("front-matter", f"variable name {name!r} is not an identifier"))
+            continue
+        if isinstance(spec, dict):
+            help_text[name] = str(spec.get("description", ""))
+            if "default" in spec:
+                defaults[name] = spec["default"]
+            else:
+                required.append(name)
+        else:
+            defaults[name] = spec
+    for name, value in defaults.items():
+        if not isinstance(value, VALUE_TYPES):
+            problems.append(Problem("front-matter", f"default of {name!r} must be text or a number"))
+    return defaults, tuple(required), help_text, problems
+
+
+def parse_preset(
+    preset_id: str, source: str, path: Path | None = None
+) -> tuple[Preset | None, list[Problem]]:
+    """Validate a preset's source without rendering it; returns (preset or None, problems)."""
+    fm = parse_front_matter(source)
+    if fm.error:
+        return None, [Problem("front-matter", fm.error)]
+    if fm.kind == "format":
+        return None, [Problem("front-matter", "this file is a chat format, not a preset")]
+    meta = fm.meta
+    problems: list[Problem] = []
+    declared = meta.get("version")
+    if declared is not None:
+        declared = str(declared)
+        if not DECLARED_VERSION_RE.fullmatch(declared):
+            problems.append(Problem("front-matter", f"version {declared!r}: use letters, digits, '.' or '_'"))
+    defaults, required, help_text, var_problems = _read_variables(meta)
+    problems += var_problems
+    names = frozenset(defaults) | frozenset(required)
+    problems += static_problems(source, "preset", names)
+    if problems:
+        return None, problems
+    preset = Preset(
+        id=preset_id,
+        version=content_version(source, declared),
+        title=str(meta.get("title", preset_id)),
+        description=str(meta.get("description", "")),
+        variables=tuple(sorted(names)),
+        defaults=defaults,
+        required=required,
+        variable_help=help_text,
+        declared_version=declared,
+        source=source,
+        path=path,
+    )
+    return preset, []
+
+
+@functools.lru_cache(maxsize=256)
+def _load(preset_id: str, source: str, path: str) -> Preset:
+    preset, problems = parse_preset(preset_id, source, Path(path))
+    if preset is None:
+        raise PresetInvalid(
+            f"preset {preset_id!r} ({path}) is invalid and cannot be used: "
+            + "; ".join(str(p) for p in problems)
+        )
+    return preset
+
+
+def _check_id(preset_id: str) -> None:
+    # Ids become file names: refuse anything that could walk out of the folder.
+    if not isinstance(preset_id, str) or not PRESET_ID_RE.fullmatch(preset_id):
+        raise PresetNotFound(f"no preset {preset_id!r}")
+
+
+def load_preset_file(path: Path | str, preset_id: str | None = None) -> Preset:
+    path = Path(path)
+    return _load(preset_id or path.stem, path.read_text(encoding="utf-8"), str(path))
+
+
+def get_preset(
+    preset_id: str, version: str | None = None, *, base_dir: Path | str | None = None
+) -> Preset:
+    """The preset `preset_id`: its current version, or the named (possibly older) one."""
+    _check_id(preset_id)
+    if version is not None and (not isinstance(version, str) or not VERSION_RE.fullmatch(version)):
+        raise PresetNotFound(f"preset {preset_id!r} has no version {version!r}")
+    current = presets_dir(base_dir) / f"{preset_id}.jinja"
+    if version is None:
+        if not current.is_file():
+            raise PresetNotFound(f"no preset {preset_id!r}")
+        return load_preset_file(current, preset_id)
+    if current.is_file():
+        source = current.read_text(encoding="utf-8")
+        fm = parse_front_matter(source)
+        declared = fm.meta.get("version") if not fm.error else None
+        if content_version(source, str(declared) if declared is not None else None) == version:
+            return _load(preset_id, source, str(current))
+    frozen = versions_dir(base_dir) / preset_id / f"{version}.jinja"
+    if not frozen.is_file():
+        raise PresetNotFound(f"preset {preset_id!r} has no version {version!r}")
+    preset = load_preset_file(frozen, preset_id)
+    if preset.version != version:  # the registry file was edited: refuse a silent change
+        raise PresetInvalid(f"version registry entry {frozen} does not match its version")
+    return preset
+
+
+def list_presets(*, base_dir: Path | str | None = None) -> list[Preset]:
+    """Current versions of the presets that pass validation (invalid ones are logged, not listed)."""
+    result = []
+    folder = presets_dir(base_dir)
+    for path in sorted(folder.glob("*.jinja")) if folder.is_dir() else []:
+        if not PRESET_ID_RE.fullmatch(path.stem):
+            log.warning("preset file %s: name is not a valid preset id", path)
+            continue
+        try:
+            result.append(load_preset_file(path))
+        except PresetInvalid as exc:
+            log.warning("%s", exc)
+    return result
+
+
+def list_versions(preset_id: str, *, base_dir: Path | str | None = None) -> list[str]:
+    """Versions of `preset_id` in the registry (activated versions), sorted by name."""
+    _check_id(preset_id)
+    folder = versions_dir(base_dir) / preset_id
+    return sorted(p.stem for p in folder.glob("*.jinja")) if folder.is_dir() else []
+
+
+def is_frozen(preset: Preset, *, base_dir: Path | str | None = None) -> bool:
+    return (versions_dir(base_dir) / preset.id / f"{preset.version}.jinja").is_file()
+
+
+def freeze_preset(preset: Preset, *, base_dir: Path | str | None = None) -> Path:
+    """Copy a (linted) preset into the version registry; idempotent, never overwrites."""
+    dest = versions_dir(base_dir) / preset.id / f"{preset.version}.jinja"
+    if dest.exists():
+        if dest.read_text(encoding="utf-8") != preset.source:
+            raise PresetInvalid(f"{dest} exists with different content")
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(preset.source, encoding="utf-8")
+    return dest

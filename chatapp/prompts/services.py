@@ -1,0 +1,515 @@
+"""Prompt building at token level: the business logic of the prompt manager.
+
+A conversation's prompt is a concatenation of token segments, each encoded once
+and then stored as ids:
+
+    system segment      the preset, rendered, padded to whole KV blocks
+    history segments    what earlier messages stored (user turns; assistant turns =
+                        generation prompt + exactly the generated ids + end of turn)
+    new user segment    encoded now; stored with the user message
+    generation prompt   the assistant header the reply is generated after
+
+Nothing already stored is rendered or encoded again, so the prompt of turn N+1
+starts with every token of turn N's prompt plus its reply, and the engine's prefix
+cache serves all of it. Re-encoding a reply's text would not: the same text can
+tokenize differently from how it was generated ("\\n"+"\\n" vs "\\n\\n").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from chatapp.prompts.encoding import TokenEncoder
+from chatapp.prompts.errors import (
+    ContextLengthExceeded,
+    EmptyMessage,
+    FormatError,
+    InvalidMessages,
+    MessageTooLong,
+    PromptError,
+)
+from chatapp.prompts.formats import ChatFormat, format_for_tokenizer, get_format
+from chatapp.prompts.presets import get_preset
+
+__all__ = [
+    "ContextLengthExceeded",
+    "EmptyMessage",
+    "MessageTooLong",
+    "PromptBuilder",
+    "PromptError",
+    "PromptPlan",
+    "Segment",
+    "cache_salt_for",
+    "default_block_size",
+    "prefix_hash",
+]
+
+DEFAULT_MAX_USER_CHARS = 16000
+
+
+def _setting(name: str, default):
+    try:
+        from django.conf import settings
+
+        if settings.configured:
+            return getattr(settings, name, default)
+    except ImportError:
+        pass
+    return default
+
+
+def default_block_size() -> int:
+    """The engine's KV block size: Django's LLM_BLOCK_SIZE, else EngineConfig's default."""
+    value = _setting("LLM_BLOCK_SIZE", None)
+    if value is not None:
+        return int(value)
+    from inference.config import EngineConfig
+
+    return int(EngineConfig.__dataclass_fields__["block_size"].default)
+
+
+def prefix_hash(token_ids: Sequence[int]) -> str:
+    """A short, stable name for a token prefix (the dashboard groups prompts by it)."""
+    digest = hashlib.sha256()
+    for token in token_ids:
+        digest.update(int(token).to_bytes(4, "little"))
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Where one part of a prompt lies: token_ids[start:end]."""
+
+    kind: str  # "system", "history", "user", "generation_prompt"
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    token_ids: tuple[int, ...]
+    segments: tuple[Segment, ...]
+    shared_prefix_len: int  # the block-aligned system segment: shared by every conversation
+    preset_id: str | None
+    preset_version: str | None
+    prefix_hash: str  # of token_ids[:shared_prefix_len]
+    new_user_segment: tuple[int, ...]  # store these ids with the new user message
+    format_name: str = ""
+    cache_salt: str | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def _tenant_key(owner) -> str:
+    if owner is None or getattr(owner, "is_anonymous", False):
+        raise PromptError("a cache salt needs an owner (anonymous requests have no tenant)")
+    if isinstance(owner, bool):
+        raise PromptError("a cache salt needs an owner")
+    if isinstance(owner, int):
+        return f"user:{owner}"
+    if isinstance(owner, str):
+        return f"tenant:{owner}"
+    # An organisation shares its cache between its members; otherwise the user is the tenant.
+    for attr in ("organization_id", "organisation_id"):
+        value = getattr(owner, attr, None)
+        if value is not None:
+            return f"org:{value}"
+    for attr in ("organization", "organisation"):
+        org = getattr(owner, attr, None)
+        if org is not None and getattr(org, "pk", None) is not None:
+            return f"org:{org.pk}"
+    pk = getattr(owner, "pk", None)
+    if pk is None:
+        raise PromptError("a cache salt needs a saved owner (it has no primary key)")
+    return f"user:{pk}"
+
+
+def cache_salt_for(owner) -> str:
+    """Per-tenant cache salt: requests share prefix-cache blocks only within one tenant.
+
+    `owner` is a user (its organisation wins when it has one), a user id (int) or a
+    tenant key (str). The salt is an HMAC of that key, so it is stable across
+    processes that share the key and reveals nothing about the id. The key is
+    settings.PROMPT_CACHE_SALT_KEY, else SECRET_KEY (set one in production, or web
+    and worker processes will disagree).
+    """
+    key = _setting("PROMPT_CACHE_SALT_KEY", None) or _setting("SECRET_KEY", None)
+    if not key:
+        raise PromptError("no SECRET_KEY configured for cache salts")
+    message = b"prefixchat.cache_salt\x00" + _tenant_key(owner).encode("utf-8")
+    return hmac.new(str(key).encode("utf-8"), message, hashlib.sha256).hexdigest()[:32]
+
+
+class _LRU:
+    """A small thread-safe LRU map (the builder is shared by threads and event loops)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._data: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return self._data[key]
+            return None
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+
+def _common_suffix_prefix(ids: Sequence[int], tail: Sequence[int]) -> int:
+    """Largest k with ids[-k:] == tail[:k]: how much of `tail` `ids` already ends with."""
+    for k in range(min(len(ids), len(tail)), 0, -1):
+        if list(ids[-k:]) == list(tail[:k]):
+            return k
+    return 0
+
+
+class PromptBuilder:
+    """Builds token-level prompts for one tokenizer and chat format.
+
+    Thread-safe; keep one per tokenizer. `block_size` is the engine's KV block size
+    (default: settings.LLM_BLOCK_SIZE). `max_model_len`, when given here, is the
+    default context limit of build().
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        chat_format: ChatFormat | str | None = None,
+        block_size: int | None = None,
+        *,
+        max_user_chars: int | None = None,
+        max_model_len: int | None = None,
+        base_dir: Path | str | None = None,
+        cache_size: int = 256,
+    ):
+        self.tokenizer = tokenizer
+        self.base_dir = base_dir
+        if chat_format is None:
+            chat_format = format_for_tokenizer(tokenizer, base_dir=base_dir)
+        elif isinstance(chat_format, str):
+            chat_format = get_format(chat_format, base_dir=base_dir)
+        self.chat_format: ChatFormat = chat_format
+        self.block_size = int(block_size if block_size is not None else default_block_size())
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        self.max_user_chars = int(
+            max_user_chars
+            if max_user_chars is not None
+            else _setting("MAX_USER_MESSAGE_CHARS", DEFAULT_MAX_USER_CHARS)
+        )
+        self.max_model_len = max_model_len
+        self.encoder = TokenEncoder(tokenizer)
+        self._vocab_size = len(tokenizer)
+
+        # Fixed pieces of the format, encoded once.
+        self._generation_prompt = self.encoder.trusted(chat_format.generation_prompt_text)
+        self._end_of_turn = self.encoder.trusted(chat_format.end_of_turn)
+        filler = self.encoder.trusted(chat_format.filler)
+        if len(filler) != 1:
+            raise FormatError(
+                f"chat format {chat_format.name!r}: filler {chat_format.filler!r} is "
+                f"{len(filler)} tokens with this tokenizer; it must be exactly one"
+            )
+        self.filler_id = filler[0]
+        stop = self.encoder.trusted(chat_format.stop_token)
+        self.stop_token_ids: list[int] = stop if len(stop) == 1 else []
+
+        self._system_cache = _LRU(cache_size)  # (preset, version, vars) -> ids
+        self._text_cache = _LRU(cache_size)  # system text -> ids
+        self._origin = _LRU(cache_size)  # tuple(system ids) -> (preset id, version)
+
+    # -- segments ---------------------------------------------------------------
+
+    def system_segment(
+        self,
+        preset_id: str,
+        version: str | None = None,
+        variables: Mapping[str, object] | None = None,
+    ) -> list[int]:
+        """The preset's system turn, padded to a multiple of block_size (cached)."""
+        preset = get_preset(preset_id, version, base_dir=self.base_dir)
+        values = preset.values(variables)
+        key = (preset.id, preset.version, tuple(sorted((k, repr(v)) for k, v in values.items())))
+        ids = self._system_cache.get(key)
+        if ids is None:
+            ids = tuple(self.system_segment_for_text(preset.render(variables)))
+            self._system_cache.put(key, ids)
+        self._origin.put(ids, (preset.id, preset.version))
+        return list(ids)
+
+    def system_segment_for_text(self, text: str) -> list[int]:
+        """Any system prompt text as an aligned opening segment (presets and API requests)."""
+        cached = self._text_cache.get(text)
+        if cached is None:
+            before, content, after = self.chat_format.opening_parts("system", text)
+            ids = self.encoder.parts(before, content, after)
+            cached = tuple(self._pad(ids))
+            self._text_cache.put(text, cached)
+        return list(cached)
+
+    def _pad(self, ids: list[int]) -> list[int]:
+        """Insert filler before the end-of-turn tokens so the segment fills whole blocks.
+
+        The filler goes inside the system turn (trailing whitespace of the system
+        text, as far as the model can tell) rather than between turns, where the
+        model never saw stray tokens. It is added as ids: as text, "\\n" * k would
+        merge into other tokens.
+        """
+        pad = -len(ids) % self.block_size
+        if pad == 0:
+            return ids
+        eot = self._end_of_turn
+        at = len(ids) - len(eot) if eot and ids[-len(eot):] == eot else len(ids)
+        return ids[:at] + [self.filler_id] * pad + ids[at:]
+
+    def _check_user_text(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise EmptyMessage("a message must be text")
+        if not text.strip():
+            raise EmptyMessage("the message is empty")
+        if len(text) > self.max_user_chars:
+            raise MessageTooLong(
+                f"the message has {len(text)} characters; the limit is {self.max_user_chars}"
+            )
+
+    def user_segment(self, text: str, *, opening: bool = False) -> list[int]:
+        """The whole user turn, end of turn included. `opening`: it starts the conversation
+        (no system prompt), so formats that open with BOS get it here."""
+        self._check_user_text(text)
+        parts = (
+            self.chat_format.opening_parts("user", text)
+            if opening
+            else self.chat_format.turn_parts("user", text)
+        )
+        return self.encoder.parts(*parts)
+
+    def generation_prompt(self) -> list[int]:
+        return list(self._generation_prompt)
+
+    def assistant_segment(self, generated_ids: Sequence[int], finished_with_eos: bool) -> list[int]:
+        """A finished (or stopped) reply: the generation prompt it followed, exactly the
+        generated ids, and whichever end-of-turn tokens the engine did not produce.
+
+        With finished_with_eos the ids may or may not end with the stop token (engines
+        differ); either way the turn is closed once. A reply cut short gets the whole
+        end of turn.
+        """
+        ids = self._check_ids(generated_ids, "generated ids", bounded=False)
+        eot = self._end_of_turn
+        have = _common_suffix_prefix(ids, eot) if finished_with_eos else 0
+        return self.generation_prompt() + ids + eot[have:]
+
+    def assistant_segment_from_text(self, text: str) -> list[int]:
+        """A reply known only as text (stateless API): encoded after the generation prompt,
+        as the model would have produced it, never merged with the header's tokens."""
+        before, content, after = self.chat_format.turn_parts("assistant", text)
+        header = self.chat_format.generation_prompt_text
+        if not before.startswith(header):
+            raise FormatError(
+                f"chat format {self.chat_format.name!r}: an assistant turn does not start "
+                "with the generation prompt"
+            )
+        return self.generation_prompt() + self.encoder.parts(before[len(header):], content, after)
+
+    def _check_ids(self, ids: Sequence[int], what: str, *, bounded: bool = True) -> list[int]:
+        # Stored ids come back from the database: refuse junk before it reaches the engine.
+        # Generated ids are not bounded by the tokenizer (a model's vocabulary may be larger).
+        out = list(ids)
+        limit = self._vocab_size if bounded else None
+        for token in out:
+            if (
+                not isinstance(token, int)
+                or isinstance(token, bool)
+                or token < 0
+                or (limit is not None and token >= limit)
+            ):
+                raise PromptError(f"{what}: {token!r} is not a token id of this tokenizer")
+        return out
+
+    # -- prompts ----------------------------------------------------------------
+
+    def build(
+        self,
+        system_ids: Sequence[int],
+        history_segments: Sequence[Sequence[int]],
+        new_user_text: str,
+        max_model_len: int | None = None,
+        max_new_tokens: int = 0,
+        *,
+        preset_id: str | None = None,
+        preset_version: str | None = None,
+        cache_salt: str | None = None,
+    ) -> PromptPlan:
+        """The prompt for the reply to `new_user_text`.
+
+        `system_ids` comes from system_segment(); `history_segments` are the stored
+        segments of the earlier messages, oldest first. Raises ContextLengthExceeded
+        when the prompt plus max_new_tokens does not fit max_model_len.
+        """
+        system = self._check_ids(system_ids, "system segment")
+        history = [self._check_ids(seg, f"history segment {i}") for i, seg in enumerate(history_segments)]
+        for i, seg in enumerate(history):
+            if not seg:
+                raise PromptError(f"history segment {i} is empty (a stored message lost its ids)")
+        user = self.user_segment(new_user_text, opening=not system and not history)
+        if preset_id is None and system:
+            preset_id, preset_version = self._origin.get(tuple(system)) or (None, None)
+        pieces = [("system", system)] + [("history", seg) for seg in history]
+        pieces += [("user", user), ("generation_prompt", self._generation_prompt)]
+        return self._plan(
+            pieces,
+            shared=len(system) - len(system) % self.block_size,
+            new_user=user,
+            preset=(preset_id, preset_version),
+            max_model_len=max_model_len,
+            max_new_tokens=max_new_tokens,
+            cache_salt=cache_salt,
+        )
+
+    def build_from_messages(
+        self,
+        messages: Sequence[Mapping],
+        *,
+        max_model_len: int | None = None,
+        max_new_tokens: int = 0,
+        assistant_ids_lookup: Callable[[str], Sequence[int] | None] | None = None,
+        add_generation_prompt: bool = True,
+        cache_salt: str | None = None,
+    ) -> PromptPlan:
+        """A prompt from OpenAI-style messages (stateless requests).
+
+        A leading system message becomes a block-aligned segment exactly as a preset
+        would, so API clients sending the same system text share its blocks. Each
+        assistant message is first offered to `assistant_ids_lookup(text)`: the hook
+        where the API splices back the ids it generated for that text (and None
+        means "never generated here", so the text is encoded afresh).
+        """
+        msgs = [_normalise(m, i) for i, m in enumerate(messages)]
+        if not msgs:
+            raise InvalidMessages("messages must not be empty")
+        pieces: list[tuple[str, list[int]]] = []
+        shared = 0
+        if msgs[0][0] == "system":
+            system = self.system_segment_for_text(msgs[0][1])
+            pieces.append(("system", system))
+            shared = len(system) - len(system) % self.block_size
+            msgs = msgs[1:]
+        new_user: list[int] = []
+        for i, (role, text) in enumerate(msgs):
+            opening = not pieces
+            if role == "user":
+                seg = self.user_segment(text, opening=opening)
+            elif role == "assistant":
+                seg = self._assistant_from_api(text, assistant_ids_lookup, opening)
+            else:
+                seg = self.encoder.parts(
+                    *(self.chat_format.opening_parts(role, text) if opening else self.chat_format.turn_parts(role, text))
+                )
+            last = i == len(msgs) - 1
+            if last and role == "user":
+                new_user = seg
+            pieces.append(("user" if last and role == "user" else "history", seg))
+        if add_generation_prompt:
+            pieces.append(("generation_prompt", self._generation_prompt))
+        return self._plan(
+            pieces,
+            shared=shared,
+            new_user=new_user,
+            preset=(None, None),
+            max_model_len=max_model_len,
+            max_new_tokens=max_new_tokens,
+            cache_salt=cache_salt,
+        )
+
+    def _assistant_from_api(self, text: str, lookup, opening: bool) -> list[int]:
+        if lookup is not None:
+            ids = lookup(text)
+            if ids is not None:
+                ids = self._check_ids(ids, "remembered reply ids", bounded=False)
+                ends = bool(self.stop_token_ids) and bool(ids) and ids[-1] == self.stop_token_ids[0]
+                return self.assistant_segment(ids, finished_with_eos=ends)
+        if opening:
+            return self.encoder.parts(*self.chat_format.opening_parts("assistant", text))
+        return self.assistant_segment_from_text(text)
+
+    def _plan(
+        self,
+        pieces: list[tuple[str, Sequence[int]]],
+        *,
+        shared: int,
+        new_user: Sequence[int],
+        preset: tuple[str | None, str | None],
+        max_model_len: int | None,
+        max_new_tokens: int,
+        cache_salt: str | None,
+    ) -> PromptPlan:
+        ids: list[int] = []
+        segments: list[Segment] = []
+        for kind, seg in pieces:
+            if kind == "system" and not seg:
+                continue
+            segments.append(Segment(kind, len(ids), len(ids) + len(seg)))
+            ids.extend(seg)
+        limit = max_model_len if max_model_len is not None else self.max_model_len
+        if max_new_tokens < 0:
+            raise PromptError("max_new_tokens must be >= 0")
+        if limit is not None and len(ids) + max_new_tokens > limit:
+            raise ContextLengthExceeded(len(ids), max_new_tokens, limit)
+        return PromptPlan(
+            token_ids=tuple(ids),
+            segments=tuple(segments),
+            shared_prefix_len=shared,
+            preset_id=preset[0],
+            preset_version=preset[1],
+            prefix_hash=prefix_hash(ids[:shared]),
+            new_user_segment=tuple(new_user),
+            format_name=self.chat_format.name,
+            cache_salt=cache_salt,
+        )
+
+    def cache_salt_for(self, owner) -> str:
+        return cache_salt_for(owner)
+
+
+def _normalise(message: Mapping, index: int) -> tuple[str, str]:
+    """(role, text) of an OpenAI-style message; text parts are joined, others refused."""
+    if not isinstance(message, Mapping):
+        raise InvalidMessages(f"messages[{index}] must be an object")
+    role = message.get("role")
+    if role == "developer":  # OpenAI's newer name for the system role
+        role = "system"
+    if role not in ("system", "user", "assistant"):
+        raise InvalidMessages(f"messages[{index}]: role {role!r} is not supported")
+    content = message.get("content")
+    if content is None:
+        content = ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text":
+                raise InvalidMessages(f"messages[{index}]: only text content parts are supported")
+            texts.append(str(part.get("text", "")))
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise InvalidMessages(f"messages[{index}]: content must be text")
+    return role, content

@@ -1,0 +1,208 @@
+"""Jinja2 for prompt templates: the sandbox, the front-matter, and static safety checks.
+
+Presets and chat formats are Jinja2 files that begin with a comment holding TOML
+metadata (the "front-matter"), e.g.::
+
+    {#- preset
+    title = "General assistant"
+    -#}
+    You are a helpful assistant.
+
+Templates render in an immutable sandbox with strict undefined, and nothing that
+changes between renders (a clock, a random generator, a request id) is available:
+a prompt that changes between turns would defeat the prefix cache. The static
+checks here name the cause when a template reaches for one anyway; `lint` also
+renders twice under different clocks and seeds to prove it.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from jinja2 import StrictUndefined, TemplateSyntaxError, meta, nodes
+from jinja2.exceptions import TemplateAssertionError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Names that carry time, randomness or request identity. A template that names one
+# (as a variable, a global or a filter) is unstable by construction.
+CLOCK_NAMES = frozenset(
+    {
+        "now", "utcnow", "today", "time", "datetime", "date", "timestamp", "clock",
+        "strftime_now", "strftime", "current_time", "current_date", "localtime",
+        "date_string", "datetimeformat",
+    }
+)
+RANDOM_NAMES = frozenset(
+    {"random", "randint", "randrange", "choice", "shuffle", "uuid", "uuid4", "seed", "nonce", "lipsum"}
+)
+REQUEST_NAMES = frozenset(
+    {
+        "request", "request_id", "session", "session_id", "trace_id", "message_id",
+        "conversation_id", "user_id", "csrf_token",
+    }
+)
+
+# The variables a chat format receives: the Hugging Face chat-template contract.
+FORMAT_VARIABLES = frozenset(
+    {"messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"}
+)
+
+_FRONT_MATTER = re.compile(r"\A\s*\{#-?\s*(preset|format)\b[^\n]*\n(.*?)-?#\}", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding about a template. `code` is a stable keyword; `message` says why."""
+
+    code: str
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line else ""
+        return f"[{self.code}] {where}{self.message}"
+
+
+@dataclass
+class FrontMatter:
+    kind: str | None  # "preset", "format", or None when the file has none
+    meta: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def parse_front_matter(source: str) -> FrontMatter:
+    match = _FRONT_MATTER.match(source)
+    if match is None:
+        return FrontMatter(kind=None)
+    kind, body = match.group(1), match.group(2)
+    try:
+        return FrontMatter(kind=kind, meta=tomllib.loads(body))
+    except tomllib.TOMLDecodeError as exc:
+        return FrontMatter(kind=kind, error=f"front-matter is not valid TOML: {exc}")
+
+
+def _raise_exception(message: str) -> None:
+    # Hugging Face chat templates call raise_exception() to refuse a conversation.
+    from chatapp.prompts.errors import FormatError
+
+    raise FormatError(str(message))
+
+
+def sandbox_environment(kind: str = "preset") -> ImmutableSandboxedEnvironment:
+    """The environment templates render in, in production and in tests.
+
+    Immutable sandbox (no attribute escapes, no mutation of passed values), strict
+    undefined (a missing variable is an error, never an empty string), and Jinja's
+    own sources of randomness removed (`random` filter, `lipsum`).
+    """
+    env = ImmutableSandboxedEnvironment(
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+        keep_trailing_newline=False,
+    )
+    env.filters.pop("random", None)
+    env.globals.pop("lipsum", None)
+    if kind == "format":
+        env.globals["raise_exception"] = _raise_exception
+    return env
+
+
+def describe_jinja_error(exc: Exception) -> str:
+    if isinstance(exc, TemplateSyntaxError) and not isinstance(exc, TemplateAssertionError):
+        return f"syntax error at line {exc.lineno}: {exc.message}"
+    if isinstance(exc, TemplateAssertionError):
+        return f"template error at line {exc.lineno}: {exc.message}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _category(name: str) -> str | None:
+    lowered = name.lower()
+    if lowered in CLOCK_NAMES:
+        return "clock"
+    if lowered in RANDOM_NAMES:
+        return "random"
+    if lowered in REQUEST_NAMES:
+        return "request"
+    return None
+
+
+_CATEGORY_TEXT = {
+    "clock": "uses a clock ({what}): the prompt would change with the time",
+    "random": "uses a random value ({what}): the prompt would change on every render",
+    "request": "uses a request-specific value ({what}): the prompt would differ per request",
+}
+
+
+def static_problems(
+    source: str, kind: str, declared: frozenset[str] | set[str] = frozenset()
+) -> list[Problem]:
+    """Problems visible without rendering: syntax, unstable names, unknown variables, escapes.
+
+    `declared` are the variables a preset declares in its front-matter; for a chat
+    format the Hugging Face contract (messages, add_generation_prompt, ...) applies.
+    """
+    env = sandbox_environment(kind)
+    try:
+        ast = env.parse(source)
+    except TemplateSyntaxError as exc:
+        return [Problem("syntax", describe_jinja_error(exc), exc.lineno)]
+
+    problems: list[Problem] = []
+    seen: set[tuple[str, str]] = set()
+
+    def add(code: str, message: str, line: int | None, key: str) -> None:
+        if (code, key) not in seen:
+            seen.add((code, key))
+            problems.append(Problem(code, message, line))
+
+    for node in ast.find_all(nodes.Name):
+        if cat := _category(node.name):
+            add(cat, _CATEGORY_TEXT[cat].format(what=f"'{node.name}'"), node.lineno, node.name)
+    for name in declared:
+        if cat := _category(name):
+            add(cat, _CATEGORY_TEXT[cat].format(what=f"variable '{name}'"), None, name)
+    for node in ast.find_all(nodes.Filter):
+        if cat := _category(node.name):
+            add(cat, _CATEGORY_TEXT[cat].format(what=f"filter '{node.name}'"), node.lineno, "|" + node.name)
+        if node.name == "attr" and node.args and _is_private_const(node.args[0]):
+            attr = node.args[0].value
+            add("sandbox", _escape_text(attr), node.lineno, attr)
+    for node in ast.find_all(nodes.Getattr):
+        if node.attr.startswith("_"):
+            add("sandbox", _escape_text(node.attr), node.lineno, node.attr)
+    for node in ast.find_all(nodes.Getitem):
+        if _is_private_const(node.arg):
+            add("sandbox", _escape_text(node.arg.value), node.lineno, node.arg.value)
+
+    allowed = set(declared) | set(env.globals)
+    if kind == "format":
+        allowed |= FORMAT_VARIABLES
+    for name in sorted(meta.find_undeclared_variables(ast) - allowed):
+        if _category(name):
+            continue  # already reported under its cause
+        line = next((n.lineno for n in ast.find_all(nodes.Name) if n.name == name), None)
+        hint = "declare it in the preset's [variables]" if kind == "preset" else (
+            "a chat format receives only " + ", ".join(sorted(FORMAT_VARIABLES))
+        )
+        add("unknown-variable", f"unknown variable '{name}' ({hint})", line, name)
+
+    if not any(p.code == "syntax" for p in problems):
+        try:
+            env.from_string(source)  # compile: unknown filters and tests fail here
+        except TemplateSyntaxError as exc:
+            code = "template" if isinstance(exc, TemplateAssertionError) else "syntax"
+            add(code, describe_jinja_error(exc), exc.lineno, "compile")
+    return problems
+
+
+def _is_private_const(node: nodes.Node) -> bool:
+    return isinstance(node, nodes.Const) and isinstance(node.value, str) and node.value.startswith("_")
+
+
+def _escape_text(attr: str) -> str:
+    return f"sandbox violation: reaches private attribute '{attr}' (an attempt to escape the sandbox)"
