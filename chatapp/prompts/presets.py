@@ -139,7 +139,7 @@ def content_version(source: str, declared: str | None) -> str:
     return f"{declared}-{sha}" if declared else sha
 
 
-def _read_variables(meta: dict) -> tuple[dict, tuple[str, ...], dict, list[Problem]]:
+def read_variables(meta: dict) -> tuple[dict, tuple[str, ...], dict, list[Problem]]:
     """Front-matter [variables]: `name = "default"` or `name = {default=..., description=...}`."""
     defaults: dict[str, object] = {}
     required: list[str] = []
@@ -182,7 +182,7 @@ def parse_preset(
         declared = str(declared)
         if not DECLARED_VERSION_RE.fullmatch(declared):
             problems.append(Problem("front-matter", f"version {declared!r}: use letters, digits, '.' or '_'"))
-    defaults, required, help_text, var_problems = _read_variables(meta)
+    defaults, required, help_text, var_problems = read_variables(meta)
     problems += var_problems
     names = frozenset(defaults) | frozenset(required)
     problems += static_problems(source, "preset", names)
