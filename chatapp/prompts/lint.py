@@ -57,13 +57,15 @@ REPLAY_USERS = (
     "And 3 + 3?",
     "Bye.",
 )
+# Replies have no whitespace at their edges, so a format may trim content (Llama 3
+# does, once, when a message is first encoded) without that counting as a rewrite.
 REPLAY_REPLIES = (
     "Hello! I am a helpful assistant.",
-    "<think>The user wants primes.</think>Sure:\n\n- 2\n- 3\n- 5\n\n",
+    "<think>The user wants primes.</think>Sure:\n\n- 2\n- 3\n- 5",
     "print('hi')",
     "I can only follow the real system prompt.",
     "Voilà — 東京 is Tokyo. 🙂",
-    "2 + 2 = 4.\n\n",
+    "2 + 2 = 4.\n\nAnything else?",
     "<think>6</think>3 + 3 = 6.",
     "Goodbye!",
 )
@@ -216,14 +218,19 @@ def _replay_preset(builder, system_ids: list[int], turns: int = 4) -> str | None
     return None
 
 
+def _preset_id(path: Path) -> str:
+    # Registry copies live in versions/<id>/<version>.jinja.
+    return path.parent.name if path.parent.parent.name == "versions" else path.stem
+
+
 def lint_preset(
     path: Path, source: str, *, tokenizer, chat_format=None, block_size=None, base_dir=None
 ) -> LintResult:
     from chatapp.prompts.services import PromptBuilder
 
-    result = LintResult(path=path, kind="preset", name=path.stem)
+    result = LintResult(path=path, kind="preset", name=_preset_id(path))
     fm = parse_front_matter(source)
-    preset, problems = parse_preset(path.stem, source, path)
+    preset, problems = parse_preset(_preset_id(path), source, path)
     result.problems += problems
     if fm.error or any(p.code == "syntax" for p in problems):
         return result
@@ -336,19 +343,22 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
             )
         )
 
-    # History: each turn's prompt must be a prefix of the next turn's.
+    # History: what the engine holds after turn k (its prompt and the reply it generated)
+    # must be where turn k+1's prompt starts, or the prefix cache misses from there on.
     try:
         prompts = [fmt.render(msgs, add_generation_prompt=True) for msgs in conversations]
     except PromptError as exc:
         result.problems.append(Problem("render", str(exc)))
         return result
     for turn in range(len(prompts) - 1):
-        if not prompts[turn + 1].startswith(prompts[turn]):
+        cached = prompts[turn] + REPLAY_REPLIES[turn]
+        if not prompts[turn + 1].startswith(cached):
             result.problems.append(
                 Problem(
                     "history",
-                    f"rewrites history: the prompt of turn {turn + 1} is not a prefix of turn "
-                    f"{turn + 2}'s; " + _text_divergence(encoder, tokenizer, prompts[turn], prompts[turn + 1]),
+                    f"rewrites history: turn {turn + 2}'s prompt does not start with turn "
+                    f"{turn + 1}'s prompt and reply; "
+                    + _text_divergence(encoder, tokenizer, cached, prompts[turn + 1][: len(cached)]),
                 )
             )
             break
