@@ -53,16 +53,17 @@ async def publish(group: str, event: dict) -> None:
     await get_channel_layer().group_send(group, group_event(event))
 
 
-def _prepare(reply_id: int, tokenizer) -> PreparedReply:
+def _prepare(reply_id: int, engine) -> PreparedReply:
     reply = Message.objects.select_related("conversation").get(pk=reply_id)
     conversation = reply.conversation
     path = selectors.message_path(message=reply)[:-1]  # up to the user message
     try:
         prompt = prompting.build_reply_prompt(
-            tokenizer=tokenizer,
+            tokenizer=engine.tokenizer,
             conversation=conversation,
             history=path,
             max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
+            engine_max_model_len=engine.config.max_model_len,
         )
     except prompting.PromptFailure as exc:
         raise ReplyFailed(str(exc)) from exc
@@ -143,7 +144,7 @@ async def _run_reply(reply_id: int) -> dict:
 
     try:
         engine = await aget_engine()
-        prepared = await database_sync_to_async(_prepare)(reply_id, engine.tokenizer)
+        prepared = await database_sync_to_async(_prepare)(reply_id, engine)
     except ReplyFailed as exc:
         group, final = await database_sync_to_async(_fail_before_start)(reply_id, str(exc))
         await publish(group, {"type": "message.done", "message_id": reply_id, "seq": 1,
