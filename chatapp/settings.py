@@ -53,6 +53,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "chatapp.chat.context_processors.chat",
             ],
         },
     },
@@ -78,6 +79,7 @@ else:
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "chatapp" / "static"]
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

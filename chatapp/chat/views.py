@@ -1,0 +1,116 @@
+"""The chat page and its few form endpoints. Thin: services and selectors do the work."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import UserCreationForm
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from chatapp.chat import selectors, services
+from chatapp.chat.errors import ChatError, NotFound
+from chatapp.chat.serializers import conversation_dict, message_dict
+from chatapp.generation import prompting
+
+
+def _conversation_or_404(request: HttpRequest, conversation_id: int):
+    try:
+        return selectors.conversation_get(user=request.user, conversation_id=conversation_id)
+    except NotFound:
+        raise Http404("Conversation not found.") from None
+
+
+def _error_page(request: HttpRequest, error: ChatError) -> HttpResponse:
+    return render(request, "chat/error.html", {"error": error.message}, status=error.http_status)
+
+
+def _page(request: HttpRequest, conversation=None) -> HttpResponse:
+    search = request.GET.get("q", "")
+    context = {
+        "conversations": selectors.conversation_list(user=request.user, search=search)[:200],
+        "search": search,
+        "presets": prompting.available_presets(),
+        "default_preset": prompting.default_preset_id(),
+        "conversation": conversation,
+        "max_chars": settings.MAX_USER_MESSAGE_CHARS,
+    }
+    if conversation is not None:
+        context["initial"] = {
+            "conversation": conversation_dict(conversation),
+            "messages": [
+                message_dict(m) for m in selectors.conversation_messages(conversation=conversation)
+            ],
+        }
+    return render(request, "chat/chat.html", context)
+
+
+@login_required
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    return _page(request)
+
+
+@login_required
+@require_GET
+def conversation_page(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    return _page(request, _conversation_or_404(request, conversation_id))
+
+
+@login_required
+@require_GET
+def conversation_messages(request: HttpRequest, conversation_id: int) -> JsonResponse:
+    """The whole message tree: the page reloads it when it missed stream events."""
+    conversation = _conversation_or_404(request, conversation_id)
+    return JsonResponse({
+        "conversation": conversation_dict(conversation),
+        "messages": [
+            message_dict(m) for m in selectors.conversation_messages(conversation=conversation)
+        ],
+    })
+
+
+@login_required
+@require_POST
+def conversation_new(request: HttpRequest) -> HttpResponse:
+    try:
+        conversation = services.conversation_create(
+            owner=request.user, preset_id=request.POST.get("preset_id") or None
+        )
+    except ChatError as exc:
+        return _error_page(request, exc)
+    return redirect("chat:conversation", conversation_id=conversation.pk)
+
+
+@login_required
+@require_POST
+def conversation_rename(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    conversation = _conversation_or_404(request, conversation_id)
+    try:
+        services.conversation_rename(conversation=conversation, title=request.POST.get("title"))
+    except ChatError as exc:
+        return _error_page(request, exc)
+    return redirect("chat:conversation", conversation_id=conversation.pk)
+
+
+@login_required
+@require_POST
+def conversation_delete(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    services.conversation_delete(conversation=_conversation_or_404(request, conversation_id))
+    return redirect("chat:home")
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    if not settings.CHAT_ALLOW_SIGNUP:
+        raise Http404("Sign-up is switched off on this server.")
+    if request.user.is_authenticated:
+        return redirect("chat:home")
+    form = UserCreationForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        user = form.save()
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        return redirect("chat:home")
+    status = 400 if request.method == "POST" else 200
+    return render(request, "registration/signup.html", {"form": form}, status=status)
