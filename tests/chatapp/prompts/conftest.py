@@ -1,0 +1,60 @@
+"""Fixtures for the prompt manager's tests: the real SmolLM2 tokenizer, loaded once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatapp.prompts.services import PromptBuilder
+
+BAD_TEMPLATES = Path(__file__).parent / "bad_templates"
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from inference.loader import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def builder(tokenizer) -> PromptBuilder:
+    return PromptBuilder(tokenizer, block_size=16)
+
+
+@pytest.fixture(scope="session")
+def unpadded(tokenizer) -> PromptBuilder:
+    """Block size 1: no filler, so prompts can be compared with the tokenizer's template."""
+    return PromptBuilder(tokenizer, block_size=1)
+
+
+@pytest.fixture
+def command_tokenizer(tokenizer, monkeypatch):
+    """`manage.py prompts` loads its tokenizer once per process; tests hand it the session's."""
+    from chatapp.prompts.management.commands import prompts as command
+
+    monkeypatch.setattr(command, "_tokenizer", lambda model: tokenizer)
+    return tokenizer
+
+
+def canonical(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def char_split(tokenizer, text: str) -> list[int]:
+    """Ids of `text` one character at a time: valid generated ids no re-encoding gives."""
+    return [t for ch in text for t in tokenizer.encode(ch, add_special_tokens=False)]
+
+
+def is_strict_prefix(a, b) -> bool:
+    return len(a) < len(b) and tuple(b[: len(a)]) == tuple(a)
+
+
+def common_prefix_len(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
