@@ -1,0 +1,85 @@
+"""Engine fixtures: tiny random models for fast tests, the real SmolLM2 where it matters."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference import EngineConfig, LLMEngine
+from inference.loader import resolve_model_path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "generation_config.json")
+
+
+def make_tiny_model(dest: Path, model_type: str = "llama", seed: int = 0) -> Path:
+    """A 2-layer random model with SmolLM2's tokenizer (so text round-trips)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[model_type]
+    config = cls(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Larger weights than the default init make logits sharp enough to be meaningful.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+            elif "bias" in [n for n, q in model.named_parameters() if q is p][0]:
+                p.normal_(0, 0.05)
+    model.save_pretrained(dest)
+    src = resolve_model_path()
+    for name in TOKENIZER_FILES:
+        if (src / name).exists() and name != "generation_config.json":
+            shutil.copy(src / name, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
+
+
+@pytest.fixture
+def make_engine(tiny_model):
+    """Build an fp32 engine on the tiny model; keyword arguments go to EngineConfig."""
+
+    def build(**kw) -> LLMEngine:
+        kw.setdefault("model", str(tiny_model))
+        kw.setdefault("dtype", "float32")
+        kw.setdefault("num_blocks", 256)
+        return LLMEngine(EngineConfig(**kw))
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine() -> LLMEngine:
+    return LLMEngine(EngineConfig(dtype="float32", num_blocks=1024, max_num_batched_tokens=1024))
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(resolve_model_path(), dtype=torch.float32).eval()

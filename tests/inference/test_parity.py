@@ -1,0 +1,124 @@
+"""Our paged forward against transformers' forward and generate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference import EngineConfig, LLMEngine, SamplingParams
+from inference.sequence import Sequence
+
+TOL = 1e-3
+
+
+def our_logits(engine: LLMEngine, ids: list[int], chunks: list[int]) -> torch.Tensor:
+    """Logits for every position not served from the cache, computing in the given chunks."""
+    seq = Sequence(10**6, "parity", 0, ids, SamplingParams())
+    hits = engine.kv.find_cached_blocks(seq)
+    engine.kv.admit(seq, hits, 0)
+    out = []
+    start = seq.num_computed_tokens
+    for n in chunks:
+        n = min(n, len(ids) - start)
+        if n <= 0:
+            break
+        engine.kv.grow(seq, n)
+        out.append(engine.runner.full_logits([seq], [n]))
+        seq.num_computed_tokens += n
+        engine.kv.cache_computed_blocks(seq)
+        start += n
+    cached = len(hits) * engine.config.block_size
+    engine.kv.free(seq)
+    return cached, torch.cat(out)
+
+
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_logits_whole_chunked_and_cached(arch, tiny_model, tiny_qwen2):
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model if arch == "llama" else tiny_qwen2
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", num_blocks=64))
+    ids = torch.randint(0, 49152, (70,), generator=torch.Generator().manual_seed(1)).tolist()
+    ref = hf_logits(hf, ids)
+
+    _, whole = our_logits(engine, ids, [70])
+    assert (whole - ref).abs().max().item() < TOL
+    engine.reset_prefix_cache()
+    _, chunked = our_logits(engine, ids, [5, 16, 1, 30, 18])
+    assert (chunked - ref).abs().max().item() < TOL
+    # The first 64 tokens are now cached; a longer prompt reuses them.
+    longer = ids + [7, 8, 9, 10, 11]
+    cached, rest = our_logits(engine, longer, [100])
+    assert cached == 64
+    ref_longer = hf_logits(hf, longer)
+    assert (rest - ref_longer[cached:]).abs().max().item() < TOL
+
+
+@pytest.mark.model
+def test_smollm2_logits_match_transformers(smollm2_engine, smollm2_hf):
+    tok = smollm2_engine.tokenizer
+    text = "The history of paged attention begins with virtual memory in operating systems. " * 8
+    ids = tok.encode(text)[:90]
+    assert len(ids) == 90
+    ref = hf_logits(smollm2_hf, ids)
+    smollm2_engine.reset_prefix_cache()
+    _, whole = our_logits(smollm2_engine, ids, [len(ids)])
+    assert (whole - ref).abs().max().item() < TOL
+    smollm2_engine.reset_prefix_cache()
+    _, chunked = our_logits(smollm2_engine, ids, [17, 32, 1, 40])
+    assert (chunked - ref).abs().max().item() < TOL
+    cached, rest = our_logits(smollm2_engine, ids + tok.encode(" And then"), [200])
+    assert cached == 80
+    ref2 = hf_logits(smollm2_hf, ids + tok.encode(" And then"))
+    assert (rest - ref2[cached:]).abs().max().item() < TOL
+
+
+PROMPTS = [
+    "Write a long story about a lighthouse keeper.",
+    "Explain in detail how a hash table works.",
+    "Describe the water cycle step by step.",
+    "Write a detailed recipe for bread.",
+    "Explain how to reverse a list in Python, with several examples.",
+    "Tell me a long story about a robot who learns to paint.",
+    "Describe the history of the bicycle in detail.",
+    "Explain photosynthesis to a ten-year-old, at length.",
+]
+
+
+@pytest.mark.model
+def test_greedy_generation_matches_transformers_with_cache_on_and_off(smollm2_engine, smollm2_hf):
+    tok = smollm2_engine.tokenizer
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                return_dict=False)
+        for p in PROMPTS
+    ]
+    params = SamplingParams(max_tokens=32, temperature=0)
+    smollm2_engine.reset_prefix_cache()
+    first = [o[0].token_ids for o in smollm2_engine.generate(prompts, params)]
+    # Run again: now every prompt (but its last block) hits the cache.
+    second = smollm2_engine.generate(prompts, params)
+    assert all(o[0].cached_tokens > 0 for o in second)
+    assert [o[0].token_ids for o in second] == first
+
+    no_cache = LLMEngine(EngineConfig(dtype="float32", num_blocks=256, enable_prefix_caching=False))
+    assert [o[0].token_ids for o in no_cache.generate(prompts, params)] == first
+
+    for ids, ours in zip(prompts, first, strict=True):
+        with torch.no_grad():
+            g = smollm2_hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)
+        assert g[0, len(ids):].tolist() == ours
+    assert sum(map(len, first)) >= 8 * 30  # the prompts ask for long replies

@@ -1,0 +1,74 @@
+"""The torch reference ops against plain dense causal attention."""
+
+import pytest
+import torch
+
+from kernels.attention import AttentionMetadata, paged_attention, store_kvcache
+
+
+def dense_attention(q, k, v, scale):
+    """q [n, H, D] at the last n positions of k/v [L, Hkv, D]; causal."""
+    n, L = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,lhd->hnl", q, k) * scale
+    q_pos = torch.arange(L - n, L)[:, None]
+    scores = scores.masked_fill(torch.arange(L)[None, :] > q_pos, float("-inf"))
+    return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_paged_attention_matches_dense(num_heads, num_kv_heads, dtype, tol):
+    torch.manual_seed(0)
+    bs, head_dim, num_blocks = 4, 8, 40
+    # (context length, query tokens): whole prefill, prefill over a cached prefix,
+    # several decodes, ragged lengths.
+    shapes = [(9, 9), (13, 5), (7, 1), (17, 1), (1, 1), (30, 3)]
+    k_cache = torch.zeros(num_blocks, bs, num_kv_heads, head_dim, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    perm = torch.randperm(num_blocks).tolist()  # out-of-order blocks
+    tables, dense_k, dense_v, queries, slots = [], [], [], [], []
+    qsl, seq_lens = [0], []
+    for L, n in shapes:
+        nb = -(-L // bs)
+        table = [perm.pop() for _ in range(nb)]
+        tables.append(table)
+        k = torch.randn(L, num_kv_heads, head_dim, dtype=dtype)
+        v = torch.randn(L, num_kv_heads, head_dim, dtype=dtype)
+        # The cached part is already in the pool; the new part is stored by store_kvcache.
+        for pos in range(L - n):
+            k_cache[table[pos // bs], pos % bs] = k[pos]
+            v_cache[table[pos // bs], pos % bs] = v[pos]
+        dense_k.append(k)
+        dense_v.append(v)
+        queries.append(torch.randn(n, num_heads, head_dim, dtype=dtype))
+        slots += [table[p // bs] * bs + p % bs for p in range(L - n, L)]
+        qsl.append(qsl[-1] + n)
+        seq_lens.append(L)
+    width = max(map(len, tables))
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    meta = AttentionMetadata(torch.tensor(slots), bt, qsl, seq_lens)
+    new_k = torch.cat([k[L - n:] for k, (L, n) in zip(dense_k, shapes, strict=True)])
+    new_v = torch.cat([v[L - n:] for v, (L, n) in zip(dense_v, shapes, strict=True)])
+    store_kvcache(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
+    q = torch.cat(queries)
+    out = paged_attention(q, k_cache, v_cache, meta, head_dim**-0.5)
+    for i, (L, n) in enumerate(shapes):
+        ref = dense_attention(queries[i].float(), dense_k[i].float(), dense_v[i].float(),
+                              head_dim**-0.5)
+        got = out[qsl[i]:qsl[i + 1]].float()
+        assert (got - ref).abs().max().item() < tol, (L, n)
+
+
+def test_store_kvcache_skips_negative_slots():
+    k_cache = torch.zeros(2, 4, 1, 2)
+    v_cache = torch.zeros_like(k_cache)
+    key = torch.arange(6.0).view(3, 1, 2)
+    store_kvcache(key, -key, k_cache, v_cache, torch.tensor([5, -1, 0]))
+    flat = k_cache.view(-1, 1, 2)
+    assert flat[5].tolist() == [[0.0, 1.0]]
+    assert flat[0].tolist() == [[4.0, 5.0]]
+    assert v_cache.view(-1, 1, 2)[0].tolist() == [[-4.0, -5.0]]
+    assert flat.abs().sum().item() == 0 + 1 + 4 + 5  # nothing else written
