@@ -239,11 +239,11 @@ def format_profile(report: ProfileReport, max_columns: int = 6) -> str:
     shown = list(range(len(items)))[-max_columns:]
     size = 22
     lines.append("side by side (id and piece; * marks rows that differ):")
-    lines.append("  idx  " + " | ".join(f"#{i + 1}".ljust(size) for i in shown))
+    lines.append(("  idx  " + " | ".join(f"#{i + 1}".ljust(size) for i in shown)).rstrip())
     for row in range(report.width):
         cells = [report.pieces[i][row] if row < len(report.pieces[i]) else None for i in shown]
         if all(c is None for c in cells):
             break
         mark = "*" if len({c[0] if c else None for c in cells}) > 1 else " "
-        lines.append(f"{mark}{row:4d}  " + " | ".join(_cell(c, size) for c in cells))
+        lines.append((f"{mark}{row:4d}  " + " | ".join(_cell(c, size) for c in cells)).rstrip())
     return "\n".join(lines)
