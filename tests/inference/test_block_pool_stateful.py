@@ -1,0 +1,124 @@
+"""Random allocate / share / append / free / evict sequences against the block pool."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from inference.kv_cache_manager import KVCacheManager
+from inference.sampling_params import SamplingParams
+from inference.sequence import Sequence
+
+BS = 4
+NUM_BLOCKS = 24
+# A few shared prefixes so that prompts hit each other's blocks.
+PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [5, 5, 5, 5, 5, 5]]
+
+
+class BlockPoolMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.kv = KVCacheManager(NUM_BLOCKS, BS, enable_caching=True)
+        self.live: list[Sequence] = []
+        # What each block's KV slots hold, as the model would have written them.
+        self.slots: dict[int, list[int | None]] = {b: [None] * BS for b in range(NUM_BLOCKS)}
+        self.next_id = 0
+
+    def _compute(self, seq: Sequence, upto: int) -> None:
+        """Write KV for tokens num_computed..upto-1 into their slots, then register blocks."""
+        for pos in range(seq.num_computed_tokens, upto):
+            self.slots[seq.block_table[pos // BS]][pos % BS] = seq.token_ids[pos]
+        seq.num_computed_tokens = upto
+        self.kv.cache_computed_blocks(seq)
+
+    @rule(prefix=st.sampled_from(PREFIXES), tail=st.lists(st.integers(10, 13), max_size=9),
+          salt=st.sampled_from([None, "t1"]), chunk=st.integers(1, 12))
+    def allocate(self, prefix, tail, salt, chunk):
+        seq = Sequence(self.next_id, f"r{self.next_id}", 0, prefix + tail, SamplingParams(), salt)
+        self.next_id += 1
+        hits = self.kv.find_cached_blocks(seq)
+        n = min(seq.num_tokens - len(hits) * BS, chunk)
+        if not self.kv.can_admit(hits, n):
+            return
+        free_before = self.kv.pool.num_free_blocks
+        self.kv.admit(seq, hits, n)
+        assert self.kv.pool.num_free_blocks <= free_before
+        # Hit blocks must already hold exactly the prompt's tokens.
+        for i, b in enumerate(seq.block_table[: len(hits)]):
+            assert self.slots[b] == seq.token_ids[i * BS : (i + 1) * BS]
+        self._compute(seq, seq.num_computed_tokens + n)
+        self.live.append(seq)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), k=st.integers(1, 6))
+    def append(self, data, k):
+        """Decode (or continue a chunked prefill) by up to k tokens."""
+        seq = data.draw(st.sampled_from(self.live))
+        if seq.num_computed_tokens == seq.num_tokens:
+            for _ in range(k):
+                seq.append_token(data.draw(st.integers(10, 13)))
+        n = seq.num_tokens - seq.num_computed_tokens
+        if not self.kv.can_grow(seq, n):
+            return
+        self.kv.grow(seq, n)
+        self._compute(seq, seq.num_tokens)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def share(self, data):
+        """A new request with exactly a live one's computed tokens plus one more."""
+        src = data.draw(st.sampled_from(self.live))
+        seq = Sequence(self.next_id, f"r{self.next_id}", 0,
+                       src.token_ids[: src.num_computed_tokens] + [11],
+                       SamplingParams(), src.cache_salt)
+        self.next_id += 1
+        hits = self.kv.find_cached_blocks(seq)
+        assert len(hits) == (seq.num_tokens - 1) // BS  # every full computed block is shared
+        n = seq.num_tokens - len(hits) * BS
+        if self.kv.can_admit(hits, n):
+            self.kv.admit(seq, hits, n)
+            self._compute(seq, seq.num_tokens)
+            self.live.append(seq)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data):
+        seq = data.draw(st.sampled_from(self.live))
+        self.live.remove(seq)
+        self.kv.free(seq)
+
+    @rule()
+    def evict_by_pressure(self):
+        """Take every free block (evicting cached ones), then give them back."""
+        pool = self.kv.pool
+        taken = pool.allocate(pool.num_free_blocks)
+        for b in taken:
+            self.slots[b.block_id] = [None] * BS
+        pool.free(reversed(taken))
+
+    @invariant()
+    def accounting_holds(self):
+        pool = self.kv.pool
+        refs = {b: 0 for b in range(NUM_BLOCKS)}
+        for seq in self.live:
+            for b in seq.block_table:
+                refs[b] += 1
+        for block in pool.blocks:
+            assert block.ref_cnt >= 0
+            assert block.ref_cnt == refs[block.block_id]
+            in_free = block.block_id in pool.free_queue
+            assert in_free == (block.ref_cnt == 0)  # never both free and referenced
+        used = sum(1 for b in pool.blocks if b.ref_cnt > 0)
+        assert pool.num_free_blocks + used == NUM_BLOCKS
+        assert pool.num_used_blocks == used
+        for h, block in pool.cached.items():
+            assert block.block_hash == h
+            assert list(block.token_ids) == self.slots[block.block_id]
+
+
+BlockPoolMachine.TestCase.settings = settings(
+    max_examples=120, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestBlockPool = BlockPoolMachine.TestCase
