@@ -29,7 +29,9 @@ class TokenEncoder:
         """Template-owned text: special-token strings become special tokens."""
         if not text:
             return []
-        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=False))
+        return list(
+            self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=False)
+        )
 
     def untrusted(self, text: str) -> list[int]:
         """Content: special-token strings stay plain text."""
@@ -37,7 +39,9 @@ class TokenEncoder:
             return []
         backend = self._backend
         if backend is None or backend.model is None:
-            return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+            return list(
+                self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+            )
         # The tokenizer's own pipeline minus its added-token pass. Going through the
         # backend directly avoids flipping its shared `encode_special_tokens` switch,
         # which another thread may be relying on at the same moment.

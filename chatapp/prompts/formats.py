@@ -91,7 +91,9 @@ class ChatFormat:
     def __repr__(self) -> str:
         return f"ChatFormat({self.name!r})"
 
-    def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False) -> str:
+    def render(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False
+    ) -> str:
         try:
             return self._template.render(
                 messages=[dict(m) for m in messages],
@@ -101,7 +103,8 @@ class ChatFormat:
             )
         except FormatError:
             raise
-        except TemplateError as exc:
+        except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError) as exc:
+            # Runtime errors inside the template are the format's fault, not the caller's.
             raise FormatError(f"chat format {self.name!r} failed to render: {exc}") from exc
 
     def _delta(self, role: str, content: str) -> str:
@@ -115,11 +118,13 @@ class ChatFormat:
                 f"chat format {self.name!r} rewrites earlier messages when a {role} message "
                 "is added; run `manage.py prompts lint` on it"
             )
-        return full[len(base):]
+        return full[len(base) :]
 
     def _split(self, rendered: str, probe_rendered: str, what: str) -> tuple[str, str, str]:
         if probe_rendered.count(SENTINEL) != 1:
-            raise FormatError(f"chat format {self.name!r} does not render {what} content exactly once")
+            raise FormatError(
+                f"chat format {self.name!r} does not render {what} content exactly once"
+            )
         before, after = probe_rendered.split(SENTINEL)
         if not (rendered.startswith(before) and rendered.endswith(after)) or len(rendered) < len(
             before
@@ -132,7 +137,9 @@ class ChatFormat:
         for a `role` message that follows other messages."""
         if role not in self._probe_deltas:
             self._probe_deltas[role] = self._delta(role, SENTINEL)
-        return self._split(self._delta(role, content), self._probe_deltas[role], f"a {role} message's")
+        return self._split(
+            self._delta(role, content), self._probe_deltas[role], f"a {role} message's"
+        )
 
     def opening_parts(self, role: str, content: str) -> tuple[str, str, str]:
         """Like turn_parts, for the message that opens a conversation (BOS included)."""
@@ -148,8 +155,10 @@ class ChatFormat:
         without = self.render(probe)
         with_prompt = self.render(probe, add_generation_prompt=True)
         if not with_prompt.startswith(without):
-            raise FormatError(f"chat format {self.name!r}: the generation prompt rewrites the prompt")
-        return with_prompt[len(without):]
+            raise FormatError(
+                f"chat format {self.name!r}: the generation prompt rewrites the prompt"
+            )
+        return with_prompt[len(without) :]
 
 
 @functools.lru_cache(maxsize=32)
@@ -183,7 +192,9 @@ def tokenizer_has_tokens(tokenizer, tokens: Sequence[str]) -> bool:
 def format_for_tokenizer(tokenizer, *, base_dir: Path | str | None = None) -> ChatFormat:
     """The shipped format whose special tokens the tokenizer has (most specific first)."""
     vocab = tokenizer.get_vocab()
-    candidates = sorted(list_formats(base_dir=base_dir), key=lambda f: (-len(f.special_tokens), f.name))
+    candidates = sorted(
+        list_formats(base_dir=base_dir), key=lambda f: (-len(f.special_tokens), f.name)
+    )
     for fmt in candidates:
         if fmt.special_tokens and all(tok in vocab for tok in fmt.special_tokens):
             return fmt

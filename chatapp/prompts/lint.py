@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jinja2 import StrictUndefined, TemplateError
+from jinja2 import StrictUndefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from chatapp.prompts.compare import describe_divergence, first_divergence
@@ -110,9 +110,29 @@ class _Varying(str):
     `{{ now }}`, `{{ now() }}`, `{{ datetime.now().strftime('%Y') }}`, `{{ uuid4().hex }}`."""
 
     _PASS_THROUGH = frozenset(
-        {"now", "utcnow", "today", "strftime", "isoformat", "timestamp", "date", "time",
-         "year", "month", "day", "hour", "minute", "second", "hex", "uuid4", "random",
-         "randint", "choice", "id", "value"}
+        {
+            "now",
+            "utcnow",
+            "today",
+            "strftime",
+            "isoformat",
+            "timestamp",
+            "date",
+            "time",
+            "year",
+            "month",
+            "day",
+            "hour",
+            "minute",
+            "second",
+            "hex",
+            "uuid4",
+            "random",
+            "randint",
+            "choice",
+            "id",
+            "value",
+        }
     )
 
     def __call__(self, *args, **kwargs) -> _Varying:
@@ -129,11 +149,17 @@ def _hostile_environment(run: int, kind: str) -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
         undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, autoescape=False
     )
-    for names, key in ((CLOCK_NAMES, "clock"), (RANDOM_NAMES, "random"), (REQUEST_NAMES, "request")):
+    for names, key in (
+        (CLOCK_NAMES, "clock"),
+        (RANDOM_NAMES, "random"),
+        (REQUEST_NAMES, "request"),
+    ):
         for name in names:
             env.globals[name] = _Varying(values[key])
     rng = random.Random(run)
-    env.globals["lipsum"] = lambda *a, **k: " ".join(rng.choice(["lorem", "ipsum", "dolor"]) for _ in range(8))
+    env.globals["lipsum"] = lambda *a, **k: " ".join(
+        rng.choice(["lorem", "ipsum", "dolor"]) for _ in range(8)
+    )
 
     # The two runs pick opposite ends: the worst case two seeds could produce, made certain.
     def pick(seq):
@@ -151,7 +177,11 @@ def _hostile_environment(run: int, kind: str) -> ImmutableSandboxedEnvironment:
 
 def _varying_value(name: str, run: int) -> object | None:
     lowered = name.lower()
-    for names, key in ((CLOCK_NAMES, "clock"), (RANDOM_NAMES, "random"), (REQUEST_NAMES, "request")):
+    for names, key in (
+        (CLOCK_NAMES, "clock"),
+        (RANDOM_NAMES, "random"),
+        (REQUEST_NAMES, "request"),
+    ):
         if lowered in names:
             return _Varying(_RUNS[run][key])
     return None
@@ -176,16 +206,21 @@ def _check_preset_stability(source: str, meta: dict, builder, result: LintResult
     renders: list[list[int]] = []
     for run in (0, 1):
         try:
-            text = _hostile_environment(run, "preset").from_string(source).render(**_preset_values(meta, run))
-        except (TemplateError, PromptError):
-            return  # the production render reports why it cannot render
+            text = (
+                _hostile_environment(run, "preset")
+                .from_string(source)
+                .render(**_preset_values(meta, run))
+            )
+        except Exception:  # whatever it is, the production render below reports it
+            return
         renders.append(builder.system_segment_for_text(text.strip()))
     if renders[0] != renders[1]:
         result.problems.append(
             Problem(
                 "unstable",
                 "two renders under different clocks, random values and request ids give "
-                "different tokens: " + describe_divergence(builder.tokenizer, *renders, labels=("run 1", "run 2")),
+                "different tokens: "
+                + describe_divergence(builder.tokenizer, *renders, labels=("run 1", "run 2")),
             )
         )
 
@@ -203,8 +238,9 @@ def _replay_preset(builder, system_ids: list[int], turns: int = 4) -> str | None
         if previous is not None and not (
             len(plan.token_ids) > len(previous) and plan.token_ids[: len(previous)] == previous
         ):
-            return f"turn {turn + 1}'s prompt does not extend turn {turn}'s: " + describe_divergence(
-                builder.tokenizer, previous, plan.token_ids
+            return (
+                f"turn {turn + 1}'s prompt does not extend turn {turn}'s: "
+                + describe_divergence(builder.tokenizer, previous, plan.token_ids)
             )
         reply = REPLAY_REPLIES[turn % len(REPLAY_REPLIES)]
         # Every other reply is generated in pieces no re-encoding would produce.
@@ -243,7 +279,9 @@ def lint_preset(
             env_values = {k: v for k, v in env_values.items() if not isinstance(v, _Varying)}
             sandbox_environment("preset").from_string(source).render(**env_values)
         except Exception as exc:  # any failure here is the message we want to show
-            result.problems.append(Problem("render", f"fails in the production sandbox: {describe_jinja_error(exc)}"))
+            result.problems.append(
+                Problem("render", f"fails in the production sandbox: {describe_jinja_error(exc)}")
+            )
         return result
 
     result.name = preset.ref
@@ -262,7 +300,9 @@ def lint_preset(
         f"{builder.block_size}, format {builder.chat_format.name})"
     )
     if len(system_ids) % builder.block_size:
-        result.problems.append(Problem("alignment", f"system segment of {len(system_ids)} tokens is not block-aligned"))
+        result.problems.append(
+            Problem("alignment", f"system segment of {len(system_ids)} tokens is not block-aligned")
+        )
     failure = _replay_preset(builder, system_ids)
     if failure:
         result.problems.append(Problem("history", failure))
@@ -303,7 +343,9 @@ def _replay_messages(turns: int) -> list[list[dict[str, str]]]:
 def _text_divergence(encoder: TokenEncoder, tokenizer, a: str, b: str) -> str:
     char = first_divergence(a, b)
     ta, tb = encoder.trusted(a), encoder.trusted(b)
-    return describe_divergence(tokenizer, ta, tb, labels=("before", "after")) + f" (character {char})"
+    return (
+        describe_divergence(tokenizer, ta, tb, labels=("before", "after")) + f" (character {char})"
+    )
 
 
 def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
@@ -327,12 +369,16 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
             template = _hostile_environment(run, "format").from_string(source)
             renders.append(
                 template.render(
-                    messages=conversations[-1], add_generation_prompt=True,
-                    bos_token=fmt.bos_token, eos_token=fmt.stop_token,
+                    messages=conversations[-1],
+                    add_generation_prompt=True,
+                    bos_token=fmt.bos_token,
+                    eos_token=fmt.stop_token,
                 )
             )
-        except (TemplateError, PromptError) as exc:
-            result.problems.append(Problem("render", f"fails to render: {describe_jinja_error(exc)}"))
+        except Exception as exc:  # a template may raise anything; lint reports, never crashes
+            result.problems.append(
+                Problem("render", f"fails to render: {describe_jinja_error(exc)}")
+            )
             return result
     if renders[0] != renders[1]:
         result.problems.append(
@@ -358,7 +404,9 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
                     "history",
                     f"rewrites history: turn {turn + 2}'s prompt does not start with turn "
                     f"{turn + 1}'s prompt and reply; "
-                    + _text_divergence(encoder, tokenizer, cached, prompts[turn + 1][: len(cached)]),
+                    + _text_divergence(
+                        encoder, tokenizer, cached, prompts[turn + 1][: len(cached)]
+                    ),
                 )
             )
             break
@@ -376,15 +424,21 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
                 Problem(
                     "history",
                     "renders a message differently depending on its position: message by message "
-                    "differs from the whole conversation; " + _text_divergence(encoder, tokenizer, by_message, whole),
+                    "differs from the whole conversation; "
+                    + _text_divergence(encoder, tokenizer, by_message, whole),
                 )
             )
         before, _, after = fmt.turn_parts("assistant", "x")
         if not before.startswith(fmt.generation_prompt_text):
-            result.problems.append(Problem("structure", "an assistant turn does not begin with the generation prompt"))
+            result.problems.append(
+                Problem("structure", "an assistant turn does not begin with the generation prompt")
+            )
         if after != fmt.end_of_turn:
             result.problems.append(
-                Problem("structure", f"assistant turns end with {after!r}, front-matter says end_of_turn = {fmt.end_of_turn!r}")
+                Problem(
+                    "structure",
+                    f"assistant turns end with {after!r}, front-matter says end_of_turn = {fmt.end_of_turn!r}",
+                )
             )
         if fmt.stop_token not in fmt.end_of_turn:
             result.problems.append(Problem("structure", "stop_token is not part of end_of_turn"))
@@ -443,14 +497,26 @@ def lint_file(
         if chat_format is None:
             chat_format = format_for_tokenizer(tokenizer, base_dir=base_dir)
         return lint_preset(
-            path, source, tokenizer=tokenizer, chat_format=chat_format, block_size=block_size, base_dir=base_dir
+            path,
+            source,
+            tokenizer=tokenizer,
+            chat_format=chat_format,
+            block_size=block_size,
+            base_dir=base_dir,
         )
     if kind == "format":
         return lint_format(path, source, tokenizer=tokenizer)
     return LintResult(
-        path, "unknown", path.stem,
-        [Problem("front-matter", "neither a preset nor a chat format: begin the file with "
-                 "'{#- preset ... -#}' or '{#- format ... -#}'")],
+        path,
+        "unknown",
+        path.stem,
+        [
+            Problem(
+                "front-matter",
+                "neither a preset nor a chat format: begin the file with "
+                "'{#- preset ... -#}' or '{#- format ... -#}'",
+            )
+        ],
     )
 
 
@@ -465,7 +531,13 @@ def lint_paths(
     """Lint the given files or folders (default: every shipped preset and format)."""
     files = _expand(paths) if paths else default_paths(base_dir)
     return [
-        lint_file(p, tokenizer=tokenizer, chat_format=chat_format, block_size=block_size, base_dir=base_dir)
+        lint_file(
+            p,
+            tokenizer=tokenizer,
+            chat_format=chat_format,
+            block_size=block_size,
+            base_dir=base_dir,
+        )
         for p in files
     ]
 

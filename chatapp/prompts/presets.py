@@ -58,12 +58,19 @@ VALUE_TYPES = (str, int, float, bool)
 MAX_VALUE_CHARS = 4000
 
 
+# Where the templates live when Django is not configured (scripts, the engine's tools).
+DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates" / "prompts"
+
+
 def templates_dir(override: Path | str | None = None) -> Path:
+    """The prompt templates folder: `override`, else settings.PROMPT_TEMPLATES_DIR."""
     if override is not None:
         return Path(override)
     from django.conf import settings
 
-    return Path(settings.PROMPT_TEMPLATES_DIR)
+    if settings.configured:
+        return Path(getattr(settings, "PROMPT_TEMPLATES_DIR", DEFAULT_TEMPLATES_DIR))
+    return DEFAULT_TEMPLATES_DIR
 
 
 def presets_dir(base: Path | str | None = None) -> Path:
@@ -108,7 +115,9 @@ class Preset:
                     f"not {type(value).__name__}"
                 )
             if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
-                raise PresetRenderError(f"variable {name!r} is longer than {MAX_VALUE_CHARS} characters")
+                raise PresetRenderError(
+                    f"variable {name!r} is longer than {MAX_VALUE_CHARS} characters"
+                )
         values = {**self.defaults, **given}
         missing = [name for name in self.required if name not in values]
         if missing:
@@ -125,8 +134,9 @@ class Preset:
             raise PresetRenderError(f"preset {self.ref}: sandbox violation: {exc}") from exc
         except UndefinedError as exc:
             raise PresetRenderError(f"preset {self.ref}: {exc}") from exc
-        except TemplateError as exc:
-            raise PresetRenderError(f"preset {self.ref}: {exc}") from exc
+        except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError) as exc:
+            # Runtime errors inside the template ({{ 1 + "a" }}, {{ [][0] }}) are its fault.
+            raise PresetRenderError(f"preset {self.ref}: {type(exc).__name__}: {exc}") from exc
 
 
 @functools.lru_cache(maxsize=256)
@@ -162,7 +172,9 @@ def read_variables(meta: dict) -> tuple[dict, tuple[str, ...], dict, list[Proble
             defaults[name] = spec
     for name, value in defaults.items():
         if not isinstance(value, VALUE_TYPES):
-            problems.append(Problem("front-matter", f"default of {name!r} must be text or a number"))
+            problems.append(
+                Problem("front-matter", f"default of {name!r} must be text or a number")
+            )
     return defaults, tuple(required), help_text, problems
 
 
@@ -181,7 +193,9 @@ def parse_preset(
     if declared is not None:
         declared = str(declared)
         if not DECLARED_VERSION_RE.fullmatch(declared):
-            problems.append(Problem("front-matter", f"version {declared!r}: use letters, digits, '.' or '_'"))
+            problems.append(
+                Problem("front-matter", f"version {declared!r}: use letters, digits, '.' or '_'")
+            )
     defaults, required, help_text, var_problems = read_variables(meta)
     problems += var_problems
     names = frozenset(defaults) | frozenset(required)

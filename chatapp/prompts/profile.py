@@ -47,7 +47,10 @@ def as_recorded(item, label: str = "") -> RecordedPrompt:
         meta = item
     elif hasattr(item, "token_ids"):
         ids = item.token_ids
-        meta = {k: getattr(item, k, None) for k in ("preset_id", "preset_version", "prefix_hash", "shared_prefix_len")}
+        meta = {
+            k: getattr(item, k, None)
+            for k in ("preset_id", "preset_version", "prefix_hash", "shared_prefix_len")
+        }
     else:
         ids, meta = item, {}
     if not isinstance(ids, Sequence) or isinstance(ids, str | bytes):
@@ -174,7 +177,9 @@ def profile_prompts(
     keyed: dict[tuple[int, ...], list[int]] = {}
     for i, p in enumerate(items):
         ids = p.token_ids
-        keyed.setdefault(tuple(ids[:block_size]) if len(ids) >= block_size else ("short", *ids), []).append(i)
+        keyed.setdefault(
+            tuple(ids[:block_size]) if len(ids) >= block_size else ("short", *ids), []
+        ).append(i)
     for members in keyed.values():
         shared = _lcp([items[m].token_ids for m in members])
         report.groups.append(ProfileGroup(members, shared, shared // block_size))
@@ -183,8 +188,12 @@ def profile_prompts(
         ia, ib = items[a].token_ids, items[b].token_ids
         idx = first_divergence(ia, ib)
         return Divergence(
-            a, b, idx, look_alike,
-            _token_text(pieces[a], ia, idx, tokenizer), _token_text(pieces[b], ib, idx, tokenizer),
+            a,
+            b,
+            idx,
+            look_alike,
+            _token_text(pieces[a], ia, idx, tokenizer),
+            _token_text(pieces[b], ib, idx, tokenizer),
         )
 
     visible = [_visible(tokenizer, p.token_ids[:width]) for p in items]
@@ -216,13 +225,17 @@ def format_profile(report: ProfileReport, max_columns: int = 6) -> str:
     items = report.prompts
     if not items:
         return "No prompts to profile (none recorded in this process; give some with --file)."
-    lines = [f"{len(items)} prompts, first {report.width} tokens, KV block size {report.block_size}"]
+    lines = [
+        f"{len(items)} prompts, first {report.width} tokens, KV block size {report.block_size}"
+    ]
     for n, g in enumerate(report.groups, 1):
         names = ", ".join(f"#{m + 1}" for m in g.members)
         first = items[g.members[0]]
         about = f" preset {first.preset_id}@{first.preset_version}" if first.preset_id else ""
         if len(g.members) > 1:
-            lines.append(f"group {n}: {names} share {g.shared_tokens} leading tokens ({g.shared_blocks} blocks){about}")
+            lines.append(
+                f"group {n}: {names} share {g.shared_tokens} leading tokens ({g.shared_blocks} blocks){about}"
+            )
         else:
             lines.append(f"group {n}: {names} alone ({first.total_tokens} tokens){about}")
     if report.divergences:

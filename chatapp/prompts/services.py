@@ -279,7 +279,7 @@ class PromptBuilder:
         if pad == 0:
             return ids
         eot = self._end_of_turn
-        at = len(ids) - len(eot) if eot and ids[-len(eot):] == eot else len(ids)
+        at = len(ids) - len(eot) if eot and ids[-len(eot) :] == eot else len(ids)
         return ids[:at] + [self.filler_id] * pad + ids[at:]
 
     def _check_user_text(self, text: str) -> None:
@@ -329,7 +329,7 @@ class PromptBuilder:
                 f"chat format {self.chat_format.name!r}: an assistant turn does not start "
                 "with the generation prompt"
             )
-        return self.generation_prompt() + self.encoder.parts(before[len(header):], content, after)
+        return self.generation_prompt() + self.encoder.parts(before[len(header) :], content, after)
 
     def _check_ids(self, ids: Sequence[int], what: str, *, bounded: bool = True) -> list[int]:
         # Stored ids come back from the database: refuse junk before it reaches the engine.
@@ -367,7 +367,9 @@ class PromptBuilder:
         when the prompt plus max_new_tokens does not fit max_model_len.
         """
         system = self._check_ids(system_ids, "system segment")
-        history = [self._check_ids(seg, f"history segment {i}") for i, seg in enumerate(history_segments)]
+        history = [
+            self._check_ids(seg, f"history segment {i}") for i, seg in enumerate(history_segments)
+        ]
         for i, seg in enumerate(history):
             if not seg:
                 raise PromptError(f"history segment {i} is empty (a stored message lost its ids)")
@@ -423,7 +425,11 @@ class PromptBuilder:
                 seg = self._assistant_from_api(text, assistant_ids_lookup, opening)
             else:
                 seg = self.encoder.parts(
-                    *(self.chat_format.opening_parts(role, text) if opening else self.chat_format.turn_parts(role, text))
+                    *(
+                        self.chat_format.opening_parts(role, text)
+                        if opening
+                        else self.chat_format.turn_parts(role, text)
+                    )
                 )
             last = i == len(msgs) - 1
             if last and role == "user":

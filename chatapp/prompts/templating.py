@@ -30,18 +30,48 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 # (as a variable, a global or a filter) is unstable by construction.
 CLOCK_NAMES = frozenset(
     {
-        "now", "utcnow", "today", "time", "datetime", "date", "timestamp", "clock",
-        "strftime_now", "strftime", "current_time", "current_date", "localtime",
-        "date_string", "datetimeformat",
+        "now",
+        "utcnow",
+        "today",
+        "time",
+        "datetime",
+        "date",
+        "timestamp",
+        "clock",
+        "strftime_now",
+        "strftime",
+        "current_time",
+        "current_date",
+        "localtime",
+        "date_string",
+        "datetimeformat",
     }
 )
 RANDOM_NAMES = frozenset(
-    {"random", "randint", "randrange", "choice", "shuffle", "uuid", "uuid4", "seed", "nonce", "lipsum"}
+    {
+        "random",
+        "randint",
+        "randrange",
+        "choice",
+        "shuffle",
+        "uuid",
+        "uuid4",
+        "seed",
+        "nonce",
+        "lipsum",
+    }
 )
 REQUEST_NAMES = frozenset(
     {
-        "request", "request_id", "session", "session_id", "trace_id", "message_id",
-        "conversation_id", "user_id", "csrf_token",
+        "request",
+        "request_id",
+        "session",
+        "session_id",
+        "trace_id",
+        "message_id",
+        "conversation_id",
+        "user_id",
+        "csrf_token",
     }
 )
 
@@ -173,7 +203,12 @@ def static_problems(
             add(cat, _CATEGORY_TEXT[cat].format(what=f"variable '{name}'"), None, name)
     for node in ast.find_all(nodes.Filter):
         if cat := _category(node.name):
-            add(cat, _CATEGORY_TEXT[cat].format(what=f"filter '{node.name}'"), node.lineno, "|" + node.name)
+            add(
+                cat,
+                _CATEGORY_TEXT[cat].format(what=f"filter '{node.name}'"),
+                node.lineno,
+                "|" + node.name,
+            )
         if node.name == "attr" and node.args and _is_private_const(node.args[0]):
             attr = node.args[0].value
             add("sandbox", _escape_text(attr), node.lineno, attr)
@@ -196,8 +231,10 @@ def static_problems(
         if _category(name):
             continue  # already reported under its cause
         line = next((n.lineno for n in ast.find_all(nodes.Name) if n.name == name), None)
-        hint = "declare it in the preset's [variables]" if kind == "preset" else (
-            "a chat format receives only " + ", ".join(sorted(FORMAT_VARIABLES))
+        hint = (
+            "declare it in the preset's [variables]"
+            if kind == "preset"
+            else ("a chat format receives only " + ", ".join(sorted(FORMAT_VARIABLES)))
         )
         add("unknown-variable", f"unknown variable '{name}' ({hint})", line, name)
 
@@ -215,8 +252,12 @@ def _absent_filter(*args, **kwargs):
 
 
 def _is_private_const(node: nodes.Node) -> bool:
-    return isinstance(node, nodes.Const) and isinstance(node.value, str) and node.value.startswith("_")
+    return (
+        isinstance(node, nodes.Const) and isinstance(node.value, str) and node.value.startswith("_")
+    )
 
 
 def _escape_text(attr: str) -> str:
-    return f"sandbox violation: reaches private attribute '{attr}' (an attempt to escape the sandbox)"
+    return (
+        f"sandbox violation: reaches private attribute '{attr}' (an attempt to escape the sandbox)"
+    )

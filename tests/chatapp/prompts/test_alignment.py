@@ -74,7 +74,9 @@ def test_api_system_message_with_the_preset_text_shares_the_preset_blocks(builde
     from chatapp.prompts.presets import get_preset
 
     text = get_preset("coding").render()
-    plan = builder.build_from_messages([{"role": "system", "content": text}, {"role": "user", "content": "hi"}])
+    plan = builder.build_from_messages(
+        [{"role": "system", "content": text}, {"role": "user", "content": "hi"}]
+    )
     system = builder.system_segment("coding")
     assert plan.shared_prefix_len == len(system)
     assert plan.token_ids[: len(system)] == tuple(system)

@@ -40,7 +40,10 @@ def test_over_context_conversation_gets_a_clear_error(builder):
     system = builder.system_segment("general")
     plan = builder.build(system, [], "Hello")
     n = plan.prompt_tokens
-    assert builder.build(system, [], "Hello", max_model_len=n + 10, max_new_tokens=10).token_ids == plan.token_ids
+    assert (
+        builder.build(system, [], "Hello", max_model_len=n + 10, max_new_tokens=10).token_ids
+        == plan.token_ids
+    )
     with pytest.raises(ContextLengthExceeded) as info:
         builder.build(system, [], "Hello", max_model_len=n + 9, max_new_tokens=10)
     err = info.value
@@ -68,7 +71,9 @@ def test_user_text_cannot_forge_special_tokens(builder):
         ([], False, [IM_END, NL]),
     ],
 )
-def test_assistant_segment_is_exactly_the_generated_ids_plus_missing_end_of_turn(builder, generated, finished, tail):
+def test_assistant_segment_is_exactly_the_generated_ids_plus_missing_end_of_turn(
+    builder, generated, finished, tail
+):
     seg = builder.assistant_segment(generated, finished)
     header = builder.generation_prompt()
     assert seg == header + generated + tail
@@ -101,7 +106,9 @@ def test_build_from_messages_splices_remembered_ids(builder, tokenizer):
     generated = char_split(tokenizer, reply_text) + [IM_END]  # not what the text encodes to
     first = builder.build(system, [], "Capital of France?")
     chat = builder.build(
-        system, [list(first.new_user_segment), builder.assistant_segment(generated, True)], "And Italy?"
+        system,
+        [list(first.new_user_segment), builder.assistant_segment(generated, True)],
+        "And Italy?",
     )
     messages = [
         {"role": "system", "content": system_text},
@@ -119,7 +126,9 @@ def test_build_from_messages_splices_remembered_ids(builder, tokenizer):
     assert fresh.token_ids != chat.token_ids  # the text re-encodes differently...
     start = len(first.token_ids)
     encoded = canonical(tokenizer, reply_text)
-    assert list(fresh.token_ids[start : start + len(encoded)]) == encoded  # ...after the same prefix
+    assert (
+        list(fresh.token_ids[start : start + len(encoded)]) == encoded
+    )  # ...after the same prefix
     assert fresh.token_ids[:start] == first.token_ids
 
 
@@ -141,7 +150,9 @@ def test_build_from_messages_refuses_what_it_cannot_render(builder, messages, ma
 
 def test_build_from_messages_checks_the_context(builder):
     with pytest.raises(ContextLengthExceeded):
-        builder.build_from_messages([{"role": "user", "content": "hi"}], max_model_len=8, max_new_tokens=4)
+        builder.build_from_messages(
+            [{"role": "user", "content": "hi"}], max_model_len=8, max_new_tokens=4
+        )
 
 
 def test_cache_salt_is_per_tenant_stable_and_opaque(builder, settings):
@@ -152,7 +163,11 @@ def test_cache_salt_is_per_tenant_stable_and_opaque(builder, settings):
     salt = cache_salt_for(alice)
     assert salt == cache_salt_for(alice) == builder.cache_salt_for(alice) == cache_salt_for(41)
     assert salt != cache_salt_for(bob)
-    assert cache_salt_for(member) == cache_salt_for(colleague) != cache_salt_for(SimpleNamespace(pk=43))
+    assert (
+        cache_salt_for(member)
+        == cache_salt_for(colleague)
+        != cache_salt_for(SimpleNamespace(pk=43))
+    )
     assert "41" not in salt and len(salt) == 32
     settings.SECRET_KEY = "another-key"
     assert cache_salt_for(alice) != salt

@@ -13,7 +13,18 @@ from chatapp.prompts.encoding import TokenEncoder
 from chatapp.prompts.errors import FormatError
 from chatapp.prompts.formats import format_for_tokenizer, get_format
 
-SPECIALS = ("<|", "|>", "<file", "<repo", "<gh_", "<issue", "<jupyter", "<empty", "<filename", "<reponame")
+SPECIALS = (
+    "<|",
+    "|>",
+    "<file",
+    "<repo",
+    "<gh_",
+    "<issue",
+    "<jupyter",
+    "<empty",
+    "<filename",
+    "<reponame",
+)
 
 # Meta's chat template of Llama-3-8B-Instruct, verbatim.
 LLAMA3_OFFICIAL = (
@@ -27,7 +38,9 @@ LLAMA3_OFFICIAL = (
 plain_text = st.text(max_size=60).filter(lambda t: not any(s in t for s in SPECIALS))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(text=plain_text)
 def test_content_encoding_equals_the_tokenizer(tokenizer, builder, text):
     encoder = TokenEncoder(tokenizer)
@@ -54,7 +67,9 @@ def _fake_tokenizer(tokens):
 
 
 def test_llama3_tokenizers_get_llama3():
-    llama = _fake_tokenizer(["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "a"])
+    llama = _fake_tokenizer(
+        ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "a"]
+    )
     assert format_for_tokenizer(llama).name == "llama3"
     with pytest.raises(FormatError, match="no chat format matches"):
         format_for_tokenizer(_fake_tokenizer(["<s>", "</s>"]))
@@ -71,10 +86,16 @@ def test_llama3_format_renders_like_metas_template():
     official = jinja2.Environment().from_string(LLAMA3_OFFICIAL)
     for n in range(1, len(messages) + 1):
         for gen in (False, True):
-            expected = official.render(messages=messages[:n], add_generation_prompt=gen, bos_token="<|begin_of_text|>")
+            expected = official.render(
+                messages=messages[:n], add_generation_prompt=gen, bos_token="<|begin_of_text|>"
+            )
             assert fmt.render(messages[:n], add_generation_prompt=gen) == expected
     before, content, after = fmt.turn_parts("user", "  Hi\n")
-    assert (before, content, after) == ("<|start_header_id|>user<|end_header_id|>\n\n", "Hi", "<|eot_id|>")
+    assert (before, content, after) == (
+        "<|start_header_id|>user<|end_header_id|>\n\n",
+        "Hi",
+        "<|eot_id|>",
+    )
     assert fmt.opening_parts("system", "S")[0].startswith("<|begin_of_text|>")
 
 

@@ -92,12 +92,17 @@ def workspace(tmp_path, settings):
     """A templates folder of our own: the shipped formats, one good preset."""
     shutil.copytree(Path(django_settings.PROMPT_TEMPLATES_DIR) / "formats", tmp_path / "formats")
     (tmp_path / "presets").mkdir()
-    shutil.copy(Path(django_settings.PROMPT_TEMPLATES_DIR) / "presets" / "general.jinja", tmp_path / "presets")
+    shutil.copy(
+        Path(django_settings.PROMPT_TEMPLATES_DIR) / "presets" / "general.jinja",
+        tmp_path / "presets",
+    )
     settings.PROMPT_TEMPLATES_DIR = tmp_path
     return tmp_path
 
 
-@pytest.mark.parametrize("name", ["syntax_error", "unknown_variable", "sandbox_escape", "clock", "random_value"])
+@pytest.mark.parametrize(
+    "name", ["syntax_error", "unknown_variable", "sandbox_escape", "clock", "random_value"]
+)
 def test_a_broken_preset_cannot_be_activated(workspace, command_tokenizer, tokenizer, name):
     shutil.copy(BAD_TEMPLATES / f"{name}.jinja", workspace / "presets" / f"{name}.jinja")
     with pytest.raises(PresetInvalid, match=f"preset '{name}'"):

@@ -9,12 +9,21 @@ from chatapp.prompts.presets import get_preset
 from tests.chatapp.prompts.conftest import canonical, common_prefix_len, is_strict_prefix
 
 USERS = ["Hello!", "What is a prime number?", "Give me two examples.", "Thanks, bye."]
-REPLIES = ["Hi! How can I help you today?", "A number with exactly two divisors.", "2 and 3.", "Bye!"]
+REPLIES = [
+    "Hi! How can I help you today?",
+    "A number with exactly two divisors.",
+    "2 and 3.",
+    "Bye!",
+]
 
 
 def oracle(tokenizer, messages) -> list[int]:
     """The tokenizer's own chat template: what a server that re-renders text would send."""
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    return list(
+        tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    )
 
 
 def run_turns(builder, system_ids, turns, replies_ids):
@@ -51,7 +60,7 @@ def test_equals_the_tokenizer_template_when_replies_re_encode(unpadded, builder,
     assert system[: len(oracle_system) - 2] == oracle_system[:-2]  # text of the system turn
     assert system[-2:] == oracle_system[-2:] == [2, 198]  # <|im_end|> "\n"
     assert system[len(oracle_system) - 2 : -2] == [builder.filler_id] * filler
-    assert list(padded.token_ids[len(system):]) == expected[len(oracle_system):]
+    assert list(padded.token_ids[len(system) :]) == expected[len(oracle_system) :]
 
 
 def test_stateless_messages_match_the_template_too(unpadded, tokenizer):
@@ -73,7 +82,10 @@ def test_stateless_messages_match_the_template_too(unpadded, tokenizer):
 @pytest.mark.parametrize(
     "reply_ids, why",
     [
-        ([19556, 198, 198], '"Hello" then "\\n"+"\\n": the text "Hello\\n\\n" encodes to [19556, 1116]'),
+        (
+            [19556, 198, 198],
+            '"Hello" then "\\n"+"\\n": the text "Hello\\n\\n" encodes to [19556, 1116]',
+        ),
         ([11653, 5365, 28, 905, 17], '"Hel"+"lo": the text "Hello" encodes to one token'),
     ],
 )
@@ -95,8 +107,14 @@ def test_a_reply_that_re_encodes_differently_keeps_its_ids(unpadded, tokenizer, 
     assert list(second.token_ids[: len(cached)]) == cached  # token level: the whole cache hits
 
     # Re-rendering the same conversation as text does not start with what the engine holds.
-    text_turn2 = [*text_turn1, {"role": "assistant", "content": reply_text}, {"role": "user", "content": USERS[1]}]
+    text_turn2 = [
+        *text_turn1,
+        {"role": "assistant", "content": reply_text},
+        {"role": "user", "content": USERS[1]},
+    ]
     rerendered = oracle(tokenizer, text_turn2)
     assert rerendered[: len(cached)] != cached
     diverge = common_prefix_len(rerendered, cached)
-    assert len(first.token_ids) <= diverge < len(cached)  # inside the reply: the cache misses from there
+    assert (
+        len(first.token_ids) <= diverge < len(cached)
+    )  # inside the reply: the cache misses from there

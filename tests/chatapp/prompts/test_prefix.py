@@ -65,7 +65,9 @@ def test_each_turn_extends_the_last(builder, tokenizer, turns):
         assert is_strict_prefix(earlier.token_ids, later.token_ids)
     for plan in plans:
         assert plan.token_ids[: len(system)] == tuple(system)
-        assert plan.token_ids[-len(builder.generation_prompt()):] == tuple(builder.generation_prompt())
+        assert plan.token_ids[-len(builder.generation_prompt()) :] == tuple(
+            builder.generation_prompt()
+        )
         # The segments tile the prompt exactly.
         assert plan.segments[0].start == 0 and plan.segments[-1].end == len(plan.token_ids)
         for a, b in zip(plan.segments, plan.segments[1:], strict=False):
@@ -80,16 +82,32 @@ def test_prompt_is_stored_segments_verbatim(builder, tokenizer):
     reply = char_split(tokenizer, "print('hello world')")
     stored = [list(first.new_user_segment), builder.assistant_segment(reply + [EOS], True)]
     second = builder.build(system, stored, "Thanks")
-    expected = system + stored[0] + stored[1] + builder.user_segment("Thanks") + builder.generation_prompt()
+    expected = (
+        system
+        + stored[0]
+        + stored[1]
+        + builder.user_segment("Thanks")
+        + builder.generation_prompt()
+    )
     assert list(second.token_ids) == expected
     start = len(first.token_ids)
     assert list(second.token_ids[start : start + len(reply)]) == reply
-    assert [s.kind for s in second.segments] == ["system", "history", "history", "user", "generation_prompt"]
+    assert [s.kind for s in second.segments] == [
+        "system",
+        "history",
+        "history",
+        "user",
+        "generation_prompt",
+    ]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
-    users=st.lists(st.text(min_size=1, max_size=40).filter(lambda t: t.strip()), min_size=1, max_size=5),
+    users=st.lists(
+        st.text(min_size=1, max_size=40).filter(lambda t: t.strip()), min_size=1, max_size=5
+    ),
     replies=st.lists(st.lists(st.integers(0, 49151), max_size=12), min_size=5, max_size=5),
     finished=st.lists(st.booleans(), min_size=5, max_size=5),
 )
@@ -101,5 +119,8 @@ def test_prefix_property_for_any_text_and_any_generated_ids(builder, users, repl
         plan = builder.build(system, history, text)
         if previous is not None:
             assert is_strict_prefix(previous, plan.token_ids)
-        history += [list(plan.new_user_segment), builder.assistant_segment(replies[turn], finished[turn])]
+        history += [
+            list(plan.new_user_segment),
+            builder.assistant_segment(replies[turn], finished[turn]),
+        ]
         previous = plan.token_ids

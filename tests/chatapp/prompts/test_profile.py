@@ -26,7 +26,9 @@ def empty_ring():
 
 @pytest.mark.parametrize("hidden", [[0], "\u200b"], ids=["endoftext", "zero-width-space"])
 def test_an_extra_hidden_token_at_the_front_diverges_at_index_0(tokenizer, prompt, hidden):
-    extra = hidden if isinstance(hidden, list) else tokenizer.encode(hidden, add_special_tokens=False)
+    extra = (
+        hidden if isinstance(hidden, list) else tokenizer.encode(hidden, add_special_tokens=False)
+    )
     other = extra + prompt
     report = profile.profile_prompts([prompt, other], tokenizer=tokenizer, width=64, block_size=16)
     # They share no block, so they fall in two groups, yet they look alike.
@@ -41,7 +43,9 @@ def test_an_extra_hidden_token_at_the_front_diverges_at_index_0(tokenizer, promp
 
 def test_profile_command_reads_prompts_from_jsonl(tmp_path, command_tokenizer, prompt, capsys):
     path = tmp_path / "prompts.jsonl"
-    path.write_text(json.dumps(prompt) + "\n" + json.dumps({"token_ids": [0, *prompt], "label": "extra"}) + "\n")
+    path.write_text(
+        json.dumps(prompt) + "\n" + json.dumps({"token_ids": [0, *prompt], "label": "extra"}) + "\n"
+    )
     call_command("prompts", "profile", "--file", str(path))
     out = capsys.readouterr().out
     assert "diverge at index 0" in out
@@ -57,7 +61,11 @@ def test_recent_prompts_are_grouped_by_shared_prefix(builder, tokenizer):
     for plan in (first, second, other):
         profile.record_prompt(plan)
     recent = profile.recent_prompts()
-    assert [r.total_tokens for r in recent] == [first.prompt_tokens, second.prompt_tokens, other.prompt_tokens]
+    assert [r.total_tokens for r in recent] == [
+        first.prompt_tokens,
+        second.prompt_tokens,
+        other.prompt_tokens,
+    ]
     assert recent[0].preset_id == "support" and recent[0].prefix_hash == first.prefix_hash
 
     report = profile.profile_prompts(recent, tokenizer=tokenizer, block_size=16)

@@ -20,20 +20,26 @@ def _tokenizer(model: str):
 
 
 class Command(BaseCommand):
-    help = "Prompt templates: lint them, profile recent prompts, freeze preset versions, list presets."
+    help = (
+        "Prompt templates: lint them, profile recent prompts, freeze preset versions, list presets."
+    )
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
         p = sub.add_parser("lint", help="check templates render the same tokens every time")
-        p.add_argument("paths", nargs="*", help="template files or folders (default: every shipped one)")
+        p.add_argument(
+            "paths", nargs="*", help="template files or folders (default: every shipped one)"
+        )
         p.add_argument("--model", default=None, help="tokenizer to lint with (default: LLM_MODEL)")
         p = sub.add_parser("profile", help="show the first tokens of prompts side by side")
-        p.add_argument("--file", help="JSONL, one prompt per line: [ids] or {\"token_ids\": [...]}")
+        p.add_argument("--file", help='JSONL, one prompt per line: [ids] or {"token_ids": [...]}')
         p.add_argument("--width", type=int, default=64, help="tokens to show (default 64)")
         p.add_argument("--columns", type=int, default=6, help="prompts side by side (default 6)")
         p.add_argument("--json", action="store_true", help="print the report as JSON")
         p.add_argument("--model", default=None)
-        p = sub.add_parser("freeze", help="lint presets and add their current versions to the registry")
+        p = sub.add_parser(
+            "freeze", help="lint presets and add their current versions to the registry"
+        )
         p.add_argument("preset_ids", nargs="*", help="default: every preset")
         p.add_argument("--model", default=None)
         sub.add_parser("list", help="list presets and their registered versions")
@@ -60,7 +66,9 @@ class Command(BaseCommand):
         failed = [r for r in results if not r.ok]
         if failed:
             names = ", ".join(str(r.path) for r in failed)
-            raise CommandError(f"lint failed for {len(failed)} of {len(results)} templates: {names}")
+            raise CommandError(
+                f"lint failed for {len(failed)} of {len(results)} templates: {names}"
+            )
         self.stdout.write(f"{len(results)} templates ok")
 
     def _profile(self, opts, tokenizer) -> None:
