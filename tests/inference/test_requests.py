@@ -1,0 +1,201 @@
+"""Bad input, faults inside a step, sampling settings and text output."""
+
+import asyncio
+
+import pytest
+
+from inference import AsyncEngine, InvalidRequestError, SamplingParams
+from inference.detokenizer import detokenize_incrementally
+from inference.sequence import Sequence
+from tests.inference.test_prefix_cache import rand_ids
+
+
+@pytest.mark.parametrize(
+    "prompt,params,param",
+    [
+        ([], SamplingParams(), "prompt"),
+        (list(range(3, 5000)), SamplingParams(), "messages"),
+        ([5, 6], SamplingParams(temperature=-0.1), "temperature"),
+        ([5, 6], SamplingParams(top_p=0), "top_p"),
+        ([5, 6], SamplingParams(top_p=1.5), "top_p"),
+        ([5, 6], SamplingParams(max_tokens=0), "max_tokens"),
+        ([5, 6], SamplingParams(n=0), "n"),
+        ([5, 10**9], SamplingParams(), "prompt"),
+    ],
+)
+def test_bad_requests_are_refused_and_the_engine_goes_on(make_engine, prompt, params, param):
+    engine = make_engine(num_blocks=512, max_model_len=4096)
+    engine.add_request("good", rand_ids(20, 1), SamplingParams(max_tokens=4, ignore_eos=True))
+    with pytest.raises(InvalidRequestError) as err:
+        engine.add_request("bad", prompt, params)
+    assert err.value.param == param
+    assert str(err.value)
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    assert outs[-1].request_id == "good" and outs[-1].finish_reason == "length"
+
+
+def test_prompt_over_context_names_the_code(make_engine):
+    engine = make_engine(max_model_len=64)
+    with pytest.raises(InvalidRequestError) as err:
+        engine.add_request("x", rand_ids(64, 2), SamplingParams())
+    assert err.value.code == "context_length_exceeded"
+    assert "64" in str(err.value)
+
+
+def test_fault_in_a_step_fails_that_step_only(make_engine, monkeypatch):
+    engine = make_engine()
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    engine.add_request("a", rand_ids(30, 3), params)
+    engine.step()
+    real = engine.runner.execute
+    calls = {"n": 0}
+
+    def faulty(seqs, num_tokens):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected fault")
+        return real(seqs, num_tokens)
+
+    monkeypatch.setattr(engine.runner, "execute", faulty)
+    outs = engine.step()
+    assert [(o.request_id, o.finish_reason) for o in outs] == [("a", "error")]
+    assert "injected fault" in outs[0].error
+    assert engine.metrics_snapshot()["blocks_used"] == 0
+    # The engine still serves new requests.
+    [[ok]] = engine.generate([rand_ids(30, 4)], params)
+    assert ok.finish_reason == "length" and len(ok.token_ids) == 6
+
+
+def test_same_seed_same_tokens_other_seed_differs(make_engine):
+    engine = make_engine()
+    prompt = rand_ids(40, 5)
+
+    def run(seed):
+        p = SamplingParams(max_tokens=24, temperature=1.0, seed=seed, ignore_eos=True)
+        return engine.generate([prompt], p)[0][0].token_ids
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_top_k_one_is_greedy_and_top_p_keeps_the_nucleus(make_engine):
+    engine = make_engine()
+    prompt = rand_ids(40, 6)
+    greedy = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=0,
+                                                      ignore_eos=True))[0][0].token_ids
+    top1 = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.5, top_k=1,
+                                                    seed=3, ignore_eos=True))[0][0].token_ids
+    tiny_p = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0,
+                                                      top_p=1e-6, seed=4,
+                                                      ignore_eos=True))[0][0].token_ids
+    assert top1 == greedy == tiny_p
+
+
+def test_n_samples_with_a_seed_are_reproducible(make_engine):
+    engine = make_engine()
+    params = SamplingParams(n=3, max_tokens=10, temperature=1.0, seed=11, ignore_eos=True)
+    first = [o.token_ids for o in engine.generate([rand_ids(50, 7)], params)[0]]
+    second = [o.token_ids for o in engine.generate([rand_ids(50, 7)], params)[0]]
+    assert first == second and len(first) == 3 and len({tuple(t) for t in first}) > 1
+
+
+def test_stop_token_ids_and_max_tokens(make_engine):
+    engine = make_engine()
+    prompt = rand_ids(30, 8)
+    free = engine.generate([prompt], SamplingParams(max_tokens=10, temperature=0,
+                                                    ignore_eos=True))[0][0]
+    stop_at = free.token_ids[3]
+    stopped = engine.generate([prompt], SamplingParams(max_tokens=10, temperature=0,
+                                                       stop_token_ids=[stop_at]))[0][0]
+    first = free.token_ids.index(stop_at)
+    assert stopped.token_ids == free.token_ids[: first + 1]
+    assert stopped.finish_reason == "stop"
+    assert free.finish_reason == "length" and len(free.token_ids) == 10
+
+
+def test_stop_strings_cut_the_text_and_are_never_streamed(make_engine):
+    engine = make_engine()
+    prompt = rand_ids(30, 9)
+    free = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0,
+                                                    ignore_eos=True))[0][0]
+    text = free.text
+    assert len(text) > 8
+    stop = text[5:8]
+    engine.add_request("s", prompt, SamplingParams(max_tokens=16, temperature=0, stop=[stop],
+                                                   ignore_eos=True))
+    streamed = ""
+    last = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            streamed += out.text_delta
+            last = out
+    assert last.finish_reason == "stop"
+    assert streamed == last.text == text[: text.find(stop)]
+
+
+def test_incremental_detokenization_never_splits_a_character(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    text = "Grüße 👋🏽 日本語 ok"
+    ids = tok.encode(text, add_special_tokens=False)
+    seq = Sequence(0, "d", 0, [1], SamplingParams())
+    pieces = []
+    for t in ids:
+        before = seq.text
+        seq.append_token(t)
+        detokenize_incrementally(tok, seq)
+        pieces.append(seq.text[len(before):])
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    assert len(ids) > len(text.split())  # some characters really span several tokens
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from inference.loader import load_tokenizer
+
+    return load_tokenizer()
+
+
+def test_async_engine_streams_aborts_and_refuses_bad_input(make_engine):
+    engine = AsyncEngine(engine=make_engine())
+
+    async def scenario():
+        params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+        outs = [o async for o in engine.generate(rand_ids(30, 10), params)]
+        assert outs[-1].finished and len(outs[-1].token_ids) == 12
+        assert sum(len(o.new_token_ids) for o in outs) == 12
+        assert outs[0].ttft is not None and outs[0].prompt_tokens == 30
+
+        # Leaving the loop early aborts the request and frees its blocks.
+        long = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True)
+        async for _ in engine.generate(rand_ids(30, 11), long, request_id="leave"):
+            break
+        # Concurrent requests each get their own stream.
+        async def one(i):
+            return [o async for o in engine.generate(rand_ids(20, 20 + i), params)]
+        results = await asyncio.gather(*(one(i) for i in range(5)))
+        assert all(r[-1].finish_reason == "length" for r in results)
+
+        with pytest.raises(InvalidRequestError):
+            async for _ in engine.generate([], params):
+                pass
+        # Explicit abort from elsewhere ends the stream with finish_reason "abort".
+        async def consume():
+            return [o async for o in engine.generate(rand_ids(25, 12), long, request_id="stopme")]
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.3)
+        engine.abort("stopme")
+        outs = await asyncio.wait_for(task, 30)
+        assert outs[-1].finish_reason == "abort"
+        for _ in range(100):
+            if engine.metrics()["blocks_used"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert engine.metrics()["blocks_used"] == 0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.shutdown()
