@@ -7,6 +7,7 @@ then the system prompt::
     title = "Support agent"
     description = "Answers questions about one product."
     version = "1"                      # optional, shown in the version string
+    order = 2                          # optional, position in list_presets()
     [variables]
     product_name = { default = "PrefixChat", description = "The product supported" }
     -#}
@@ -92,6 +93,7 @@ class Preset:
     required: tuple[str, ...] = ()  # variables without a default: the caller must give them
     variable_help: Mapping[str, str] = field(default_factory=dict, compare=False)
     declared_version: str | None = None
+    order: int = 100  # list position (front-matter `order`); the first is the default choice
     source: str = field(default="", repr=False)
     path: Path | None = field(default=None, compare=False)
 
@@ -212,6 +214,7 @@ def parse_preset(
         required=required,
         variable_help=help_text,
         declared_version=declared,
+        order=int(meta.get("order", 100)) if isinstance(meta.get("order", 100), int) else 100,
         source=source,
         path=path,
     )
@@ -268,7 +271,8 @@ def get_preset(
 
 
 def list_presets(*, base_dir: Path | str | None = None) -> list[Preset]:
-    """Current versions of the presets that pass validation (invalid ones are logged, not listed)."""
+    """Current versions of the presets that pass validation, by `order` then id (invalid
+    ones are logged, not listed)."""
     result = []
     folder = presets_dir(base_dir)
     for path in sorted(folder.glob("*.jinja")) if folder.is_dir() else []:
@@ -279,7 +283,7 @@ def list_presets(*, base_dir: Path | str | None = None) -> list[Preset]:
             result.append(load_preset_file(path))
         except PresetInvalid as exc:
             log.warning("%s", exc)
-    return result
+    return sorted(result, key=lambda p: (p.order, p.id))
 
 
 def list_versions(preset_id: str, *, base_dir: Path | str | None = None) -> list[str]:
