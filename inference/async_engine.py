@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from inference.config import EngineConfig
 from inference.llm_engine import LLMEngine
 from inference.outputs import RequestOutput
-from inference.sampling_params import SamplingParams
+from inference.sampling_params import InvalidRequestError, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,8 @@ class AsyncEngine:
         self.engine = engine or LLMEngine(config)
         self.config = self.engine.config
         self.tokenizer = self.engine.tokenizer
+        # The longest prompt + reply this engine takes (config, model and KV pool allow).
+        self.max_model_len = self.engine.max_model_len
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -62,8 +64,6 @@ class AsyncEngine:
         ids = self.engine.encode(prompt)
         self.engine.validate(request_id, ids, params)
         if request_id in self._streams:
-            from inference.sampling_params import InvalidRequestError
-
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
         stream = _Stream(asyncio.get_running_loop(), params.n)
         self._streams[request_id] = stream
