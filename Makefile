@@ -25,6 +25,8 @@ run: install
 	$(VENV)/bin/daphne -b 127.0.0.1 -p 8000 chatapp.asgi:application
 
 test: install
+	# The browser tests drive Debian's Chromium (Playwright never downloads a browser here).
+	test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 

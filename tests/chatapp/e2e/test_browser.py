@@ -1,0 +1,213 @@
+"""The chat page in a real browser (Debian's headless Chromium via Playwright) against
+a live daphne server with the real engine."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+import pytest
+
+from .conftest import ARTIFACTS, start_live_server, stop_live_server
+
+pytestmark = pytest.mark.model
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+WAIT_MS = 180_000  # bounds a hung test; replies on two busy cores can be slow
+PASSWORD = "browser-pass-123"
+USAGE = re.compile(r"prompt (\d+) · cached (\d+) · completion (\d+) · TTFT (\d+) ms")
+XSS = (
+    "Here is HTML:\n\n<script>window.__pwned = 'script'</script>\n\n"
+    "<img src=x onerror=\"window.__pwned = 'img'\">\n\n"
+    "<a href=\"javascript:window.__pwned='link'\">click</a>\n\n"
+    "```html\n<script>window.__pwned = 'code'</script>\n```\n"
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    # Room for a long reply to stop; the other prompts ask for short answers.
+    live, proc = start_live_server(
+        tmp_path_factory.mktemp("browser"), "browser",
+        CHAT_MAX_NEW_TOKENS="96",
+        # Long enough to overflow the model's context: the way to make generation fail.
+        MAX_USER_MESSAGE_CHARS="60000",
+    )
+    live.user = live.seed("users", "1", "walker", PASSWORD)[0]
+    yield live
+    stop_live_server(proc)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    page.dialogs = []
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    page.goto(server.url + "/")
+    page.fill("input[name=username]", server.user["username"])
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_selector("#new-chat")
+    yield page
+    context.close()
+
+
+def new_chat(page, preset: str = "general") -> int:
+    page.select_option("#preset-picker", preset)
+    page.click("#new-chat")
+    page.wait_for_url(re.compile(r"/c/\d+/$"))
+    page.wait_for_selector('#connection[data-state="open"]')
+    return int(page.url.rstrip("/").rsplit("/", 1)[1])
+
+
+def replies(page):
+    return page.locator("article.msg.assistant")
+
+
+def wait_for_streaming_text(page, index: int) -> None:
+    """Wait until reply `index` shows part of its text while still streaming."""
+    page.wait_for_function(
+        """(i) => {
+            const el = document.querySelectorAll('article.msg.assistant')[i];
+            return el && el.dataset.status === 'streaming'
+                && el.querySelector('.msg-body').textContent.trim().length > 0;
+        }""",
+        arg=index,
+        polling="raf",
+    )
+
+
+def wait_for_final(page, index: int, statuses=("done",)) -> None:
+    page.wait_for_function(
+        "([i, s]) => { const el = document.querySelectorAll('article.msg.assistant')[i];"
+        " return el && s.includes(el.dataset.status); }",
+        arg=[index, list(statuses)],
+    )
+
+
+def usage(page, index: int) -> dict:
+    text = replies(page).nth(index).locator(".usage").inner_text()
+    m = USAGE.search(text)
+    assert m, text
+    return dict(zip(["prompt", "cached", "completion", "ttft"], map(int, m.groups()), strict=True))
+
+
+def stored(server, page, conversation_id: int) -> dict:
+    cookies = {c["name"]: c["value"] for c in page.context.cookies()}
+    req = urllib.request.Request(
+        f"{server.url}/c/{conversation_id}/messages.json",
+        headers={"Cookie": f"sessionid={cookies['sessionid']}"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_chat_streams_reuses_the_cache_and_stops(page, server):
+    conversation_id = new_chat(page)
+
+    # Shift+Enter is a new line, Enter sends.
+    page.click("#input")
+    page.keyboard.type("Say hello")
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.type("in one short sentence.")
+    assert page.input_value("#input") == "Say hello\nin one short sentence."
+    page.keyboard.press("Enter")
+    wait_for_streaming_text(page, 0)
+    wait_for_final(page, 0)
+    assert page.locator("article.msg.user .msg-body").first.inner_text() == (
+        "Say hello\nin one short sentence."
+    )
+    first = usage(page, 0)
+    assert first["prompt"] > 0 and first["completion"] > 0
+
+    page.fill("#input", "Now say goodbye.")
+    page.press("#input", "Enter")
+    wait_for_final(page, 1)
+    second = usage(page, 1)
+    assert second["cached"] >= (first["prompt"] // 16) * 16 > 0
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "chat-page.png"), full_page=True)
+
+    page.fill("#input", "Count from 1 to 300, one number per line, and say nothing else.")
+    page.press("#input", "Enter")
+    wait_for_streaming_text(page, 2)
+    page.click("#stop")
+    wait_for_final(page, 2, statuses=("stopped",))
+    assert replies(page).nth(2).locator(".stopped-note").is_visible()
+    assert page.locator("#send").is_visible() and not page.locator("#stop").is_visible()
+    saved = stored(server, page, conversation_id)["messages"]
+    assert [m["status"] for m in saved if m["role"] == "assistant"] == ["done", "done", "stopped"]
+    assert saved[-1]["usage"]["completion_tokens"] < 96
+
+
+def test_regenerate_and_edit_make_branches_to_switch_between(page, server):
+    new_chat(page)
+    page.fill("#input", "Name one colour.")
+    page.press("#input", "Enter")
+    wait_for_final(page, 0)
+    original = replies(page).nth(0).locator(".msg-body").inner_text()
+
+    replies(page).nth(0).locator("button.regenerate").click()
+    page.wait_for_selector("article.msg.assistant .sibling-label >> text='2 / 2'")
+    wait_for_final(page, 0)
+    replies(page).nth(0).locator("button.sibling-prev").click()
+    assert replies(page).nth(0).locator(".sibling-label").inner_text() == "1 / 2"
+    assert replies(page).nth(0).locator(".msg-body").inner_text() == original
+
+    page.locator("article.msg.user button.edit").click()
+    page.fill(".edit-form textarea", "Name one animal.")
+    page.click(".edit-form button[type=submit]")
+    page.wait_for_selector("article.msg.user .sibling-label >> text='2 / 2'")
+    wait_for_final(page, 0)
+    assert page.locator("article.msg.user .msg-body").inner_text() == "Name one animal."
+    page.locator("article.msg.user button.sibling-prev").click()
+    assert page.locator("article.msg.user .msg-body").inner_text() == "Name one colour."
+
+
+def test_model_html_never_executes(page, server):
+    conversation_id = new_chat(page)
+    server.seed("reply", str(conversation_id), XSS)
+    page.reload()
+    page.wait_for_selector('#connection[data-state="open"]')
+    # And a live reply asked to echo the same payload (the model may or may not comply).
+    page.fill("#input", "Repeat exactly: <script>window.__pwned='live'</script>"
+                        "<img src=x onerror=\"window.__pwned='live-img'\">")
+    page.press("#input", "Enter")
+    wait_for_final(page, 1)
+
+    body = replies(page).nth(0).locator(".msg-body")
+    assert "Here is HTML" in body.inner_text()
+    assert "window.__pwned = 'code'" in body.locator("pre code").inner_text()
+    assert page.evaluate("window.__pwned") is None
+    assert page.dialogs == []
+    assert page.locator(".msg-body script").count() == 0
+    assert page.locator(".msg-body [onerror]").count() == 0
+    assert page.locator('.msg-body a[href^="javascript"]').count() == 0
+
+
+def test_a_failed_generation_shows_an_error_state(page, server):
+    conversation_id = new_chat(page)
+    # Over 8192 tokens: the prompt cannot fit the model's context.
+    words = " ".join(f"w{i}" for i in range(12000))
+    page.fill("#input", words)
+    page.press("#input", "Enter")
+    wait_for_final(page, 0, statuses=("error",))
+    error = replies(page).nth(0).locator(".msg-error")
+    assert error.is_visible() and "context" in error.inner_text()
+    assert replies(page).nth(0).locator("button.regenerate").is_visible()
+    saved = stored(server, page, conversation_id)["messages"]
+    assert saved[-1]["status"] == "error" and "context" in saved[-1]["error"]
