@@ -31,6 +31,7 @@ def shared_blocks(a, b) -> int:
 
 def test_at_least_three_presets_ship():
     assert {"general", "coding", "support"} <= set(PRESET_IDS)
+    assert PRESET_IDS[0] == "general"  # front-matter `order`: the default choice comes first
     support = next(p for p in list_presets() if p.id == "support")
     assert "product_name" in support.variables
 

@@ -40,6 +40,15 @@ def test_shipped_presets_describe_themselves():
         assert preset.render()  # defaults suffice
 
 
+def test_every_registered_version_resolves():
+    registry = Path(django_settings.PROMPT_TEMPLATES_DIR) / "versions"
+    entries = sorted(registry.glob("*/*.jinja"))
+    assert len(entries) >= 3
+    for entry in entries:
+        preset = presets.get_preset(entry.parent.name, entry.stem)
+        assert preset.version == entry.stem and preset.render()
+
+
 def test_a_changed_preset_is_a_new_version_and_the_old_one_stays(workspace, tokenizer):
     path = workspace / "presets" / "tiny.jinja"
     path.write_text(V1)
