@@ -19,6 +19,7 @@ def usage_dict(message: Message) -> dict | None:
 def message_dict(message: Message) -> dict:
     return {
         "id": message.pk,
+        "conversation_id": message.conversation_id,
         "parent_id": message.parent_id,
         "role": message.role,
         "content": message.content,
