@@ -14,7 +14,26 @@ def env_bool(name: str, default: bool = False) -> bool:
 
 
 DEBUG = env_bool("DJANGO_DEBUG")
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or get_random_secret_key()
+
+
+def _local_secret_key(path: Path) -> str:
+    """A key kept on disk, so sessions and tenants' cache salts survive restarts and
+    are the same in every process of this installation (web, workers, tests)."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        key = get_random_secret_key()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key)
+        return key
+    except OSError:
+        return get_random_secret_key()
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or _local_secret_key(
+    Path(os.environ.get("DJANGO_SECRET_KEY_FILE", BASE_DIR / ".secret_key"))
+)
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",")
 
 INSTALLED_APPS = [
@@ -28,6 +47,10 @@ INSTALLED_APPS = [
     "channels",
     "chatapp.prompts",
     "chatapp.chat",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "chatapp.api",
 ]
 
 MIDDLEWARE = [
@@ -108,10 +131,52 @@ CHAT_TOP_P = float(os.environ.get("CHAT_TOP_P", "0.9"))
 # A streamed reply goes out in batches of this many tokens (or after CHAT_STREAM_FLUSH_S).
 CHAT_STREAM_BATCH_TOKENS = int(os.environ.get("CHAT_STREAM_BATCH_TOKENS", "4"))
 CHAT_STREAM_FLUSH_S = float(os.environ.get("CHAT_STREAM_FLUSH_S", "0.1"))
+# A running reply is touched every CHAT_HEARTBEAT_S; one untouched for CHAT_STALE_REPLY_S
+# was left by a process that died, and is marked failed so the conversation can go on.
+CHAT_HEARTBEAT_S = float(os.environ.get("CHAT_HEARTBEAT_S", "20"))
+CHAT_STALE_REPLY_S = float(os.environ.get("CHAT_STALE_REPLY_S", "120"))
 
 # Prompt manager.
 PROMPT_TEMPLATES_DIR = BASE_DIR / "templates" / "prompts"
 MAX_USER_MESSAGE_CHARS = int(os.environ.get("MAX_USER_MESSAGE_CHARS", "16000"))
+
+# REST API (chatapp/api): /v1/ (OpenAI-compatible) and /api/ (conversations).
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "chatapp.api.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["chatapp.api.throttling.ApiKeyRateThrottle"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 20,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "chatapp.api.errors.api_exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "PrefixChat API",
+    "DESCRIPTION": "Conversations with cache-stable, token-level history. "
+    "The OpenAI-compatible endpoints live under /v1/.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/",
+    "COMPONENT_SPLIT_REQUEST": True,
+    # The docs page loads Swagger UI from our own static files, never from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+# Per API key (a key may override both): requests per minute, generations at once.
+API_RATE_LIMIT_RPM = int(os.environ.get("API_RATE_LIMIT_RPM", "120"))
+API_MAX_CONCURRENT = int(os.environ.get("API_MAX_CONCURRENT", "4"))
+# How long the ids generated for an API reply are remembered for splicing back (seconds).
+API_REMEMBER_IDS_TTL_S = int(os.environ.get("API_REMEMBER_IDS_TTL_S", "86400"))
+API_MAX_N = int(os.environ.get("API_MAX_N", "8"))
+API_DEFAULT_MAX_TOKENS = int(os.environ.get("API_DEFAULT_MAX_TOKENS", "512"))
+# Names /v1/models lists and /v1/chat/completions accepts, besides LLM_MODEL itself.
+API_MODEL_ALIASES = [
+    a for a in os.environ.get("API_MODEL_ALIASES", "").split(",") if a.strip()
+]
 
 LOGGING = {
     "version": 1,
