@@ -23,7 +23,10 @@ def _local_secret_key(path: Path) -> str:
         return path.read_text().strip()
     except FileNotFoundError:
         key = get_random_secret_key()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process got there first
+            return path.read_text().strip()
         with os.fdopen(fd, "w") as f:
             f.write(key)
         return key

@@ -3,9 +3,12 @@ these functions only create, validate and record."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.utils import timezone
 
 from chatapp.chat import selectors
 from chatapp.chat.errors import Busy, InvalidInput
@@ -63,21 +66,51 @@ def conversation_delete(*, conversation: Conversation) -> None:
     conversation.delete()
 
 
+INTERRUPTED = "The server stopped while this reply was being generated; regenerate it."
+
+
+def replies_recover_stale(*, conversation: Conversation) -> list[Message]:
+    """Mark as failed the replies a dead process left pending or streaming.
+
+    A running generation touches its reply every CHAT_HEARTBEAT_S seconds, so one
+    untouched for CHAT_STALE_REPLY_S has no process behind it any more; without this
+    a restart mid-reply would leave the conversation busy for ever.
+    """
+    cutoff = timezone.now() - timedelta(seconds=settings.CHAT_STALE_REPLY_S)
+    stale = [
+        reply for reply in selectors.conversation_active_replies(conversation=conversation)
+        if reply.updated_at < cutoff
+    ]
+    for reply in stale:
+        reply_finish(reply=reply, status=Message.Status.ERROR, content=reply.content,
+                     finish_reason="error", error=INTERRUPTED)
+    return stale
+
+
+def reply_heartbeat(*, reply_id: int) -> None:
+    Message.objects.filter(pk=reply_id).update(updated_at=timezone.now())
+
+
 def _ensure_idle(conversation: Conversation) -> None:
+    replies_recover_stale(conversation=conversation)
     if selectors.conversation_active_replies(conversation=conversation):
         raise Busy("A reply is still being generated; stop it or wait for it to finish.")
 
 
-def _check_parent(parent: Message | None) -> None:
+def _usable_parent(parent: Message | None) -> Message | None:
+    """Where a new turn attaches. After a failed reply the new message goes beside the
+    turn that failed (a new branch; the failed one stays), since a prompt cannot
+    include a reply that has no tokens."""
     if parent is None:
-        return
+        return None
     if parent.role != Message.Role.ASSISTANT:
         raise InvalidInput("A new message must follow a reply.")
+    if parent.status == Message.Status.ERROR:
+        failed_turn = parent.parent
+        return failed_turn.parent if failed_turn is not None else None
     if parent.status not in (Message.Status.DONE, Message.Status.STOPPED):
-        raise InvalidInput(
-            "The previous reply did not complete; regenerate it or edit your message first.",
-            code="parent_not_complete",
-        )
+        raise Busy("A reply is still being generated; stop it or wait for it to finish.")
+    return parent
 
 
 def _auto_title(conversation: Conversation, content: str) -> None:
@@ -113,8 +146,7 @@ def message_send(
         parent = selectors.latest_leaf(conversation=conversation)
     else:
         parent = selectors.message_get(conversation=conversation, message_id=parent_id)
-    _check_parent(parent)
-    return _add_turn(conversation, parent, content)
+    return _add_turn(conversation, _usable_parent(parent), content)
 
 
 @transaction.atomic

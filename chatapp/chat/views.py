@@ -56,7 +56,9 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def conversation_page(request: HttpRequest, conversation_id: int) -> HttpResponse:
-    return _page(request, _conversation_or_404(request, conversation_id))
+    conversation = _conversation_or_404(request, conversation_id)
+    services.replies_recover_stale(conversation=conversation)
+    return _page(request, conversation)
 
 
 @login_required

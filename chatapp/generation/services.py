@@ -132,11 +132,21 @@ async def run_reply(reply_id: int) -> dict:
     Cancelling the task aborts the engine request and keeps the partial reply as stopped.
     """
     _running.add(reply_id)
+    heartbeat = asyncio.create_task(_heartbeat(reply_id))
     try:
         return await _run_reply(reply_id)
     finally:
+        heartbeat.cancel()
         _running.discard(reply_id)
         _stop_requested.discard(reply_id)
+
+
+async def _heartbeat(reply_id: int) -> None:
+    """Show that a process still works on this reply (see replies_recover_stale)."""
+    touch = database_sync_to_async(chat_services.reply_heartbeat)
+    while True:
+        await asyncio.sleep(settings.CHAT_HEARTBEAT_S)
+        await touch(reply_id=reply_id)
 
 
 async def _run_reply(reply_id: int) -> dict:

@@ -177,3 +177,23 @@ async def test_every_tab_on_the_conversation_sees_the_stream(alice):
     assert done1 == done2
     await tab1.disconnect()
     await tab2.disconnect()
+
+
+async def test_a_prompt_over_the_context_fails_with_a_clear_error_and_the_chat_goes_on(
+    alice, settings
+):
+    settings.LLM_MAX_MODEL_LEN = 96
+    conv = await new_conversation(alice)
+    comm, _ = await connect(conv.pk, alice)
+    await receive(comm)
+    reply_id, events = await send_and_wait(comm, "word " * 200)
+    done = next(e for e in events if is_done(e, reply_id))
+    assert done["message"]["status"] == "error"
+    assert "context" in done["message"]["error"]
+    failed = await get_message(reply_id)
+    assert failed.status == "error" and failed.token_ids == []
+
+    next_id, _ = await send_and_wait(comm, "Hi.", parent_id=reply_id)
+    nxt = await get_message(next_id)
+    assert nxt.status == "done"
+    await comm.disconnect()

@@ -1,7 +1,10 @@
 """Conversation and message-tree rules, on the real database."""
 
+from datetime import timedelta
+
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import Busy, InvalidInput, NotFound
@@ -134,3 +137,23 @@ def test_ensure_admin_prints_a_generated_password(monkeypatch, capsys, django_us
     admin = django_user_model.objects.get(is_superuser=True)
     password = out.split("with password ")[1].split("'")[1]
     assert admin.check_password(password)
+
+
+def test_a_reply_left_behind_by_a_dead_process_is_marked_failed(alice):
+    conv = services.conversation_create(owner=alice)
+    _, orphan = services.message_send(conversation=conv, content="one")
+    Message.objects.filter(pk=orphan.pk).update(updated_at=timezone.now() - timedelta(hours=1))
+    user_msg, _ = services.message_send(conversation=conv, content="two")
+    orphan.refresh_from_db()
+    assert orphan.status == Message.Status.ERROR and "regenerate" in orphan.error
+    assert user_msg.parent is None  # the failed turn stays as a branch of its own
+
+
+def test_after_a_failed_reply_a_new_message_branches_beside_the_failed_turn(alice):
+    conv = services.conversation_create(owner=alice)
+    _, r1 = services.message_send(conversation=conv, content="one")
+    finish(r1)
+    u2, r2 = services.message_send(conversation=conv, content="two")
+    services.reply_finish(reply=r2, status=Message.Status.ERROR, error="boom")
+    u3, _ = services.message_send(conversation=conv, content="two, again", parent_id=r2.pk)
+    assert u3.parent_id == r1.pk and u2.parent_id == r1.pk
