@@ -7,5 +7,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/signup/", chat_views.signup, name="signup"),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("v1/", include("chatapp.api.v1.urls")),
+    path("", include("chatapp.api.urls")),
     path("", include("chatapp.chat.urls")),
 ]

@@ -1,0 +1,121 @@
+"""The conversations API's reads that shape data (tree, export) and its reply stream.
+
+Writes go through chatapp.chat.services and generation through
+chatapp.generation.services; nothing here changes a conversation by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+
+from channels.layers import get_channel_layer
+from django.db.models import Count, QuerySet
+
+from chatapp.chat import selectors as chat_selectors
+from chatapp.chat.models import Conversation, Message
+from chatapp.generation import services as generation
+
+
+def conversation_queryset(
+    *, user, search: str = "", preset_id: str | None = None, ordering: str = "-updated_at"
+) -> QuerySet[Conversation]:
+    qs = chat_selectors.conversation_list(user=user, search=search)
+    if preset_id:
+        qs = qs.filter(preset_id=preset_id)
+    return qs.annotate(message_count=Count("messages")).order_by(ordering, "-id")
+
+
+def children_map(messages: list[Message]) -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for m in messages:
+        if m.parent_id is not None:
+            children.setdefault(m.parent_id, []).append(m.pk)
+    return children
+
+
+def message_tree(*, conversation: Conversation) -> dict:
+    """Every message (all branches) with its parent and children: the tree in flat form."""
+    messages = chat_selectors.conversation_messages(conversation=conversation)
+    return {
+        "conversation_id": conversation.pk,
+        "current_leaf_id": conversation.current_leaf_id,
+        "root_ids": [m.pk for m in messages if m.parent_id is None],
+        "messages": messages,
+        "children": children_map(messages),
+    }
+
+
+def current_branch(*, conversation: Conversation) -> list[Message]:
+    leaf = chat_selectors.latest_leaf(conversation=conversation)
+    return chat_selectors.message_path(message=leaf) if leaf is not None else []
+
+
+def export_data(*, conversation: Conversation) -> dict:
+    messages = chat_selectors.conversation_messages(conversation=conversation)
+    replies = [m for m in messages if m.role == Message.Role.ASSISTANT and m.prompt_tokens]
+    return {
+        "conversation": conversation,
+        "current_branch_ids": [m.pk for m in current_branch(conversation=conversation)],
+        "messages": messages,
+        "children": children_map(messages),
+        "usage": {
+            "prompt_tokens": sum(m.prompt_tokens or 0 for m in replies),
+            "cached_tokens": sum(m.cached_tokens or 0 for m in replies),
+            "completion_tokens": sum(m.completion_tokens or 0 for m in replies),
+            "replies": len(replies),
+        },
+    }
+
+
+def export_markdown(*, conversation: Conversation) -> str:
+    """The current branch, for people: headings per turn, the text as written."""
+    branch = current_branch(conversation=conversation)
+    total = Message.objects.filter(conversation=conversation).count()
+    lines = [f"# {conversation.title or f'Conversation {conversation.pk}'}", ""]
+    lines.append(f"_Preset: {conversation.preset_id} {conversation.preset_version}_".rstrip())
+    if total > len(branch):
+        lines.append(f"_Current branch: {len(branch)} of {total} messages._")
+    lines.append("")
+    for m in branch:
+        who = "User" if m.role == Message.Role.USER else "Assistant"
+        note = "" if m.status == Message.Status.DONE else f" ({m.status})"
+        lines += [f"## {who}{note}", "", m.content or "", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _sse(event: str, data: dict) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+async def reply_stream(
+    *, reply_id: int, group: str, first: dict, on_close: Callable[[], None]
+) -> AsyncIterator[bytes]:
+    """Generate reply `reply_id` and relay its events as server-sent events.
+
+    Events: `message.created` (the turn), `message.started`, `message.delta` (text,
+    numbered), `message.done` (the final message). The stream listens to the same
+    channel-layer group as the chat page, so a page watching the conversation sees
+    the reply too. If the client goes away, the reply is stopped (kept as 'stopped').
+    """
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(group, channel)
+    task = asyncio.create_task(generation.run_reply(reply_id))
+    try:
+        yield _sse("message.created", first)
+        while True:
+            message = await layer.receive(channel)
+            event = message.get("event") or {}
+            if event.get("message_id") != reply_id:
+                continue
+            yield _sse(event.get("type", "message"), event)
+            if event.get("type") == "message.done":
+                break
+        await task
+    finally:
+        if not task.done():
+            task.cancel()  # run_reply aborts the engine request and keeps the text as stopped
+        await layer.group_discard(group, channel)
+        on_close()

@@ -1,0 +1,109 @@
+"""Error bodies: OpenAI's error object on /v1/, DRF's `{"detail": ...}` on /api/.
+
+Neither ever carries a traceback: unexpected failures are logged and answered
+with a fixed message.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.http import JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+from chatapp.api.ratelimit import RateLimited
+from chatapp.chat.errors import ChatError
+
+log = logging.getLogger(__name__)
+
+TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+class OpenAIError(Exception):
+    """An error to answer on /v1/ as `{"error": {message, type, param, code}}`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": TYPES.get(self.status, "invalid_request_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JsonResponse:
+        resp = JsonResponse(self.body(), status=self.status)
+        if self.retry_after is not None:
+            resp["Retry-After"] = str(self.retry_after)
+        if self.status == 401:
+            resp["WWW-Authenticate"] = 'Bearer realm="api"'
+        return resp
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def rate_limited(exc: RateLimited) -> OpenAIError:
+    return OpenAIError(429, exc.message, code="rate_limit_exceeded", retry_after=exc.retry_after)
+
+
+def internal() -> OpenAIError:
+    return OpenAIError(500, "The server had an error while processing your request.")
+
+
+def api_exception_handler(exc, context):
+    """DRF's handler, plus our service errors (NotFound, InvalidInput, Busy), rate limits
+    and a JSON 500 for anything unexpected."""
+    if isinstance(exc, ChatError):
+        return Response({"detail": exc.message, "code": exc.code}, status=exc.http_status)
+    if isinstance(exc, RateLimited):
+        exc = exceptions.Throttled(wait=exc.retry_after, detail=exc.message)
+    response = exception_handler(exc, context)
+    if response is not None:
+        response.data = _detail_body(exc, response.data)
+    if response is None:
+        log.exception("Unexpected error in %s", context.get("view"))
+        return Response(
+            {"detail": "Internal server error.", "code": "server_error"},
+            status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+        )
+    return response
+
+
+def _detail_body(exc, data) -> dict:
+    """One error shape for every status: {"detail", "code"} (+ "errors" per field on 400)."""
+    if isinstance(exc, exceptions.ValidationError):
+        errors = data if isinstance(data, dict) else {"non_field_errors": data}
+        return {"detail": "Invalid input.", "code": "invalid", "errors": errors}
+    if isinstance(exc, exceptions.APIException):
+        codes = exc.get_codes()
+        return {"detail": str(exc.detail), "code": codes if isinstance(codes, str) else "error"}
+    return data

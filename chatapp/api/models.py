@@ -1,0 +1,57 @@
+"""API keys and the per-tenant memory of generated reply ids.
+
+A key is shown once, when it is made; the database keeps only its prefix (to list
+and find it) and a SHA-256 of the whole key. Keys carry 32 random bytes, so a
+plain hash is enough: there is nothing to brute-force as with passwords.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class ApiKey(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys"
+    )
+    name = models.CharField(max_length=100, blank=True, default="")
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64, unique=True)
+    # Lets the key's requests send their own `cache_salt` (a partition inside the tenant).
+    allow_cache_salt = models.BooleanField(default=False)
+    # Per-key overrides of API_RATE_LIMIT_RPM / API_MAX_CONCURRENT (None: the setting).
+    rate_limit_rpm = models.PositiveIntegerField(null=True, blank=True)
+    max_concurrent = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name or 'unnamed'})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class RememberedReply(models.Model):
+    """The ids the engine generated for a reply text, so the text can be spliced back as ids.
+
+    Keyed by tenant and a hash of the text: a tenant never gets ids from another
+    tenant's replies (their texts could collide only by carrying the same words,
+    but the ids would then reveal nothing new; the scoping is about not sharing).
+    """
+
+    tenant = models.CharField(max_length=64)
+    text_hash = models.CharField(max_length=64)
+    token_ids = models.JSONField(default=list)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "text_hash"], name="api_remembered_unique")
+        ]

@@ -1,0 +1,101 @@
+"""Per-key rate limits: requests per minute (sliding window) and generations at once.
+
+The counters live in this process, like the embedded engine whose capacity they
+protect; with several server processes each one applies the limits on its own.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+from django.conf import settings
+
+WINDOW_S = 60.0
+
+
+class RateLimited(Exception):
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.message = message
+        self.retry_after = max(1, int(retry_after))
+
+
+@dataclass
+class Limits:
+    rpm: int
+    concurrent: int
+
+
+def limits_for(key) -> Limits:
+    rpm = key.rate_limit_rpm if key.rate_limit_rpm is not None else settings.API_RATE_LIMIT_RPM
+    conc = key.max_concurrent if key.max_concurrent is not None else settings.API_MAX_CONCURRENT
+    return Limits(rpm=int(rpm), concurrent=int(conc))
+
+
+class Slot:
+    """One running generation of a key; release() is idempotent, and a slot dropped
+    without release (a response that never started streaming) frees itself."""
+
+    def __init__(self, limiter: RateLimiter, key_id: int):
+        self._limiter = limiter
+        self._key_id = key_id
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._limiter._release(self._key_id)
+
+    def __del__(self) -> None:
+        self.release()
+
+
+class RateLimiter:
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._hits: dict[int, deque[float]] = defaultdict(deque)
+        self._running: dict[int, int] = defaultdict(int)
+
+    def hit(self, key) -> None:
+        """Count one request of `key`, or raise RateLimited (the request is not counted)."""
+        limit = limits_for(key).rpm
+        now = self._clock()
+        with self._lock:
+            hits = self._hits[key.pk]
+            while hits and hits[0] <= now - WINDOW_S:
+                hits.popleft()
+            if limit <= 0 or len(hits) >= limit:
+                wait = (hits[0] + WINDOW_S - now) if hits else WINDOW_S
+                raise RateLimited(
+                    f"Rate limit reached: {limit} requests per minute for this key.",
+                    math.ceil(wait),
+                )
+            hits.append(now)
+
+    def acquire(self, key) -> Slot:
+        """A generation slot of `key`, or RateLimited when it has its maximum running."""
+        limit = limits_for(key).concurrent
+        with self._lock:
+            if self._running[key.pk] >= limit:
+                raise RateLimited(
+                    f"Too many generations at once: this key may run {limit}.", retry_after=1
+                )
+            self._running[key.pk] += 1
+        return Slot(self, key.pk)
+
+    def _release(self, key_id: int) -> None:
+        with self._lock:
+            self._running[key_id] = max(0, self._running[key_id] - 1)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._hits.clear()
+            self._running.clear()
+
+
+limiter = RateLimiter()

@@ -1,0 +1,195 @@
+"""DRF serializers of the conversations API: input checks and the documented shapes."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from chatapp.chat.models import Conversation, Message
+
+ORDERINGS = ("updated_at", "-updated_at", "created_at", "-created_at", "title", "-title")
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    code = serializers.CharField()
+    errors = serializers.DictField(required=False, help_text="Per-field messages (400 only).")
+
+
+class PresetSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    version = serializers.CharField()
+    title = serializers.CharField()
+    description = serializers.CharField(allow_blank=True)
+
+
+class ConversationSerializer(serializers.ModelSerializer):
+    current_leaf_id = serializers.IntegerField(allow_null=True, read_only=True)
+    message_count = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Conversation
+        fields = [
+            "id",
+            "title",
+            "preset_id",
+            "preset_version",
+            "preset_variables",
+            "current_leaf_id",
+            "message_count",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+    def get_message_count(self, obj: Conversation) -> int:
+        count = getattr(obj, "message_count", None)
+        return count if count is not None else obj.messages.count()
+
+
+class ConversationCreateSerializer(serializers.Serializer):
+    title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    preset_id = serializers.CharField(max_length=64, required=False, allow_null=True, default=None)
+    preset_version = serializers.CharField(
+        max_length=64, required=False, allow_null=True, default=None
+    )
+    variables = serializers.DictField(
+        child=serializers.CharField(max_length=4000),
+        required=False,
+        default=dict,
+        help_text="Values of the preset's variables (text).",
+    )
+
+
+class ConversationRenameSerializer(serializers.Serializer):
+    title = serializers.CharField(max_length=200)
+
+
+class ConversationFilterSerializer(serializers.Serializer):
+    search = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=200,
+        help_text="Matches titles and message text (case-insensitive).",
+    )
+    preset_id = serializers.CharField(required=False, max_length=64)
+    ordering = serializers.ChoiceField(choices=ORDERINGS, required=False, default="-updated_at")
+
+
+class UsageSerializer(serializers.Serializer):
+    prompt_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    ttft_ms = serializers.FloatField(allow_null=True)
+
+
+class MessageSerializer(serializers.ModelSerializer):
+    children_ids = serializers.SerializerMethodField()
+    usage = serializers.SerializerMethodField()
+    token_count = serializers.SerializerMethodField()
+    finish_reason = serializers.SerializerMethodField()
+    error = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Message
+        fields = [
+            "id",
+            "parent_id",
+            "children_ids",
+            "role",
+            "content",
+            "status",
+            "finish_reason",
+            "error",
+            "token_count",
+            "usage",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+    def get_children_ids(self, obj: Message) -> list[int]:
+        children = self.context.get("children")
+        if children is not None:
+            return children.get(obj.pk, [])
+        return list(obj.children.order_by("created_at", "id").values_list("pk", flat=True))
+
+    @extend_schema_field(UsageSerializer(allow_null=True))
+    def get_usage(self, obj: Message) -> dict | None:
+        if obj.role != Message.Role.ASSISTANT or obj.prompt_tokens is None:
+            return None
+        return {
+            "prompt_tokens": obj.prompt_tokens,
+            "cached_tokens": obj.cached_tokens or 0,
+            "completion_tokens": obj.completion_tokens or 0,
+            "ttft_ms": None if obj.ttft is None else round(obj.ttft * 1000, 1),
+        }
+
+    def get_token_count(self, obj: Message) -> int:
+        """Ids this message contributes to later prompts (its whole turn, markers included)."""
+        return len(obj.token_ids or [])
+
+    def get_finish_reason(self, obj: Message) -> str | None:
+        return obj.finish_reason or None
+
+    def get_error(self, obj: Message) -> str | None:
+        return obj.error or None
+
+
+class MessageTreeSerializer(serializers.Serializer):
+    conversation_id = serializers.IntegerField()
+    current_leaf_id = serializers.IntegerField(allow_null=True)
+    root_ids = serializers.ListField(child=serializers.IntegerField())
+    messages = MessageSerializer(many=True)
+
+
+class MessageCreateSerializer(serializers.Serializer):
+    content = serializers.CharField(max_length=16000, trim_whitespace=False)
+    parent_id = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=1,
+        help_text="The reply to continue after (default: the conversation's current leaf).",
+    )
+    stream = serializers.BooleanField(
+        required=False, default=False,
+        help_text="Stream the reply as server-sent events instead of waiting for it.",
+    )
+
+
+class TurnSerializer(serializers.Serializer):
+    user_message = MessageSerializer()
+    reply = MessageSerializer()
+
+
+class ExportMessageSerializer(MessageSerializer):
+    generated_token_count = serializers.SerializerMethodField()
+    prompt_tokens = serializers.IntegerField(allow_null=True)
+    cached_tokens = serializers.IntegerField(allow_null=True)
+    completion_tokens = serializers.IntegerField(allow_null=True)
+    ttft_ms = serializers.SerializerMethodField()
+
+    class Meta(MessageSerializer.Meta):
+        fields = MessageSerializer.Meta.fields + [
+            "generated_token_count",
+            "prompt_tokens",
+            "cached_tokens",
+            "completion_tokens",
+            "ttft_ms",
+        ]
+        read_only_fields = fields
+
+    def get_generated_token_count(self, obj: Message) -> int:
+        return len(obj.generated_token_ids or [])
+
+    def get_ttft_ms(self, obj: Message) -> float | None:
+        return None if obj.ttft is None else round(obj.ttft * 1000, 1)
+
+
+class ExportTotalsSerializer(serializers.Serializer):
+    prompt_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    replies = serializers.IntegerField()
+
+
+class ExportSerializer(serializers.Serializer):
+    conversation = ConversationSerializer()
+    current_branch_ids = serializers.ListField(child=serializers.IntegerField())
+    messages = ExportMessageSerializer(many=True)
+    usage = ExportTotalsSerializer()

@@ -1,0 +1,47 @@
+"""/api/: conversations (DRF), its OpenAPI schema and docs page; /keys/: the key page."""
+
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from chatapp.api import views, web
+
+app_name = "api"
+
+urlpatterns = [
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    path("api/presets/", views.PresetListView.as_view(), name="presets"),
+    path("api/conversations/", views.ConversationListView.as_view(), name="conversations"),
+    path(
+        "api/conversations/<int:conversation_id>/",
+        views.ConversationDetailView.as_view(),
+        name="conversation",
+    ),
+    path(
+        "api/conversations/<int:conversation_id>/messages/",
+        views.MessageListView.as_view(),
+        name="messages",
+    ),
+    path(
+        "api/conversations/<int:conversation_id>/messages/<int:message_id>/",
+        views.MessageDetailView.as_view(),
+        name="message",
+    ),
+    path(
+        "api/conversations/<int:conversation_id>/messages/<int:message_id>/stop/",
+        views.MessageStopView.as_view(),
+        name="message-stop",
+    ),
+    path(
+        "api/conversations/<int:conversation_id>/export/",
+        views.ExportView.as_view(),
+        name="export",
+    ),
+    path(
+        "api/conversations/<int:conversation_id>/export/markdown/",
+        views.ExportMarkdownView.as_view(),
+        name="export-markdown",
+    ),
+    path("keys/", web.keys_page, name="keys"),
+    path("keys/<int:key_id>/revoke/", web.key_revoke, name="key-revoke"),
+]

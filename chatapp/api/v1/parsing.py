@@ -1,0 +1,190 @@
+"""The body of POST /v1/chat/completions, checked field by field.
+
+Wrong types and out-of-range values become OpenAIError(400) naming the field, so a
+client sees what it got wrong; nothing malformed reaches the prompt builder or the
+engine. Fields we do not use (penalties, logprobs, ...) are ignored, as OpenAI-
+compatible servers usually do, so stock clients keep working.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from chatapp.api.errors import invalid
+
+ROLES = ("system", "developer", "user", "assistant")
+MAX_STOP = 4
+
+
+@dataclass
+class CompletionRequest:
+    model: str
+    messages: list[dict]
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    user: str | None = None
+    cache_salt: str | None = None
+
+
+def parse_json(body: bytes) -> dict:
+    try:
+        data = json.loads(body or b"")
+    except (ValueError, UnicodeDecodeError):
+        raise invalid(
+            "We could not parse the JSON body of your request. The body must be a JSON object."
+        ) from None
+    if not isinstance(data, dict):
+        raise invalid("The request body must be a JSON object.")
+    return data
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(data: dict, name: str, default: float, lo: float, hi: float, lo_open=False) -> float:
+    value = data.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise invalid(f"'{name}' must be a number.", name, "invalid_type")
+    if value > hi or value < lo or (lo_open and value == lo):
+        bracket = "(" if lo_open else "["
+        raise invalid(f"'{name}' must be in {bracket}{lo:g}, {hi:g}].", name, "invalid_value")
+    return float(value)
+
+
+def _int(data: dict, name: str, lo: int, hi: int | None = None) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise invalid(f"'{name}' must be an integer.", name, "invalid_type")
+    if value < lo or (hi is not None and value > hi):
+        upper = f" and at most {hi}" if hi is not None else ""
+        raise invalid(f"'{name}' must be at least {lo}{upper}.", name, "invalid_value")
+    return value
+
+
+def _bool(data: dict, name: str, container: str = "") -> bool:
+    value = data.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise invalid(f"'{container}{name}' must be a boolean.", container + name, "invalid_type")
+    return value
+
+
+def _optional_str(data: dict, name: str, max_len: int) -> str | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid(f"'{name}' must be a string.", name, "invalid_type")
+    if len(value) > max_len:
+        raise invalid(f"'{name}' is longer than {max_len} characters.", name, "invalid_value")
+    return value
+
+
+def _messages(value) -> list[dict]:
+    if not isinstance(value, list):
+        raise invalid("'messages' must be an array of message objects.", "messages", "invalid_type")
+    if not value:
+        raise invalid("'messages' must not be empty.", "messages", "empty_array")
+    for i, msg in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise invalid(f"'{where}' must be an object.", where, "invalid_type")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise invalid(
+                f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}.",
+                f"{where}.role",
+                "invalid_value",
+            )
+        content = msg.get("content")
+        if content is None and role != "assistant":
+            raise invalid(f"'{where}.content' is required.", f"{where}.content", "invalid_type")
+        if content is not None and not isinstance(content, str | list):
+            raise invalid(
+                f"'{where}.content' must be a string or an array of text parts.",
+                f"{where}.content",
+                "invalid_type",
+            )
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if (
+                    not isinstance(part, dict)
+                    or part.get("type") != "text"
+                    or not isinstance(part.get("text"), str)
+                ):
+                    raise invalid(
+                        f"'{where}.content[{j}]' must be a text part; other kinds are not "
+                        "supported by this model.",
+                        f"{where}.content",
+                        "invalid_value",
+                    )
+    if value[-1].get("role") == "assistant":
+        raise invalid(
+            "The last message must not be an assistant message: there is nothing to reply to.",
+            f"messages[{len(value) - 1}].role",
+            "invalid_value",
+        )
+    return value
+
+
+def _stop(value) -> list[str]:
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid("'stop' must be a string or an array of strings.", "stop", "invalid_type")
+    if len(stops) > MAX_STOP or any(not s for s in stops):
+        raise invalid(
+            f"'stop' takes at most {MAX_STOP} non-empty strings.", "stop", "invalid_value"
+        )
+    return stops
+
+
+def parse_completion_request(data: dict) -> CompletionRequest:
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("'model' is required and must be a string.", "model", "invalid_type")
+    messages = _messages(data.get("messages"))
+    options = data.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise invalid("'stream_options' must be an object.", "stream_options", "invalid_type")
+    stream = _bool(data, "stream")
+    if options is not None and not stream:
+        raise invalid(
+            "'stream_options' is only allowed when 'stream' is true.",
+            "stream_options",
+            "invalid_value",
+        )
+    max_tokens = _int(data, "max_tokens", 1)
+    max_completion = _int(data, "max_completion_tokens", 1)
+    return CompletionRequest(
+        model=model,
+        messages=messages,
+        stream=stream,
+        include_usage=_bool(options or {}, "include_usage", "stream_options."),
+        # The newer name wins; both are accepted because clients send either.
+        max_tokens=max_completion if max_completion is not None else max_tokens,
+        temperature=_number(data, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(data, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        n=_int(data, "n", 1, settings.API_MAX_N) or 1,
+        stop=_stop(data.get("stop")),
+        seed=_int(data, "seed", -(2**63), 2**63 - 1),
+        user=_optional_str(data, "user", 256),
+        cache_salt=_optional_str(data, "cache_salt", 256),
+    )

@@ -1,0 +1,156 @@
+"""/v1/: the OpenAI-compatible endpoints, as async views (ASGI).
+
+Async so that a stream holds no thread while it waits for tokens, and so that
+Django's disconnect handling reaches us: when the client goes, Django cancels the
+view (or closes the stream), `Completion.outputs()` closes the engine's stream,
+and that aborts the engine request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from chatapp.api.authentication import InvalidKey, MissingKey, key_for_header
+from chatapp.api.errors import OpenAIError, internal, rate_limited
+from chatapp.api.models import ApiKey
+from chatapp.api.ratelimit import RateLimited, Slot, limiter
+from chatapp.api.v1 import completions
+from chatapp.api.v1.parsing import parse_completion_request, parse_json
+
+log = logging.getLogger(__name__)
+MODEL_CREATED = 1730000000  # a fixed date: the model list must not change between calls
+
+
+async def _authorize(request: HttpRequest) -> ApiKey:
+    """The request's key (401 otherwise), with one request counted against its limit."""
+    try:
+        key = await sync_to_async(key_for_header)(request.headers.get("Authorization"))
+    except MissingKey as exc:
+        raise OpenAIError(401, str(exc), code="missing_api_key") from None
+    except InvalidKey as exc:
+        raise OpenAIError(401, str(exc), code="invalid_api_key") from None
+    try:
+        limiter.hit(key)
+    except RateLimited as exc:
+        raise rate_limited(exc) from None
+    return key
+
+
+def _method_not_allowed(allowed: str) -> JsonResponse:
+    resp = OpenAIError(405, f"Method not allowed; use {allowed}.", code="method_not_allowed")
+    out = resp.response()
+    out["Allow"] = allowed
+    return out
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        return _method_not_allowed("POST")
+    slot: Slot | None = None
+    try:
+        key = await _authorize(request)
+        req = parse_completion_request(parse_json(request.body))
+        completions.check_model(req.model)
+        try:
+            slot = limiter.acquire(key)
+        except RateLimited as exc:
+            raise rate_limited(exc) from None
+        completion = await completions.open_completion(key=key, req=req)
+        if req.stream:
+            response = StreamingHttpResponse(
+                _sse(completion, slot), content_type="text/event-stream"
+            )
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"  # proxies must not hold the stream back
+            slot = None  # the stream releases it
+            return response
+        async for _ in completion.outputs():
+            pass
+        await completion.remember()
+        return JsonResponse(completion.completion_body())
+    except OpenAIError as exc:
+        return exc.response()
+    except Exception:
+        log.exception("chat completion failed")
+        return internal().response()
+    finally:
+        if slot is not None:
+            slot.release()
+
+
+def _event(data: dict | str) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+async def _sse(completion: completions.Completion, slot: Slot) -> AsyncIterator[bytes]:
+    """chat.completion.chunk events, `[DONE]` last. A sample's first chunk goes out with
+    its first token (carrying the role), never before: clients time TTFT on it."""
+    try:
+        async for out in completion.outputs():
+            choice = completion.choices[out.index]
+            if out.text_delta or not choice.started:
+                delta = {"content": out.text_delta}
+                if not choice.started:
+                    delta = {"role": "assistant", **delta}
+                    choice.started = True
+                yield _event(completion.chunk([_chunk_choice(out.index, delta)]))
+            if out.finished:
+                yield _event(
+                    completion.chunk([_chunk_choice(out.index, {}, choice.finish_reason)])
+                )
+        await completion.remember()
+        if completion.req.include_usage:
+            yield _event(completion.chunk([], usage=completion.usage()))
+    except OpenAIError as exc:
+        # Headers are gone already: the error travels as an event (the SDK raises it).
+        yield _event(exc.body())
+    except Exception:
+        log.exception("streaming completion %s failed", completion.id)
+        yield _event(internal().body())
+    finally:
+        slot.release()
+    yield _event("[DONE]")
+
+
+def _chunk_choice(index: int, delta: dict, finish_reason: str | None = None) -> dict:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _model(name: str) -> dict:
+    return {"id": name, "object": "model", "created": MODEL_CREATED, "owned_by": "prefixchat"}
+
+
+async def models(request: HttpRequest) -> HttpResponse:
+    if request.method != "GET":
+        return _method_not_allowed("GET")
+    try:
+        await _authorize(request)
+    except OpenAIError as exc:
+        return exc.response()
+    return JsonResponse({"object": "list", "data": [_model(m) for m in completions.model_ids()]})
+
+
+async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
+    if request.method != "GET":
+        return _method_not_allowed("GET")
+    try:
+        await _authorize(request)
+        completions.check_model(model)
+    except OpenAIError as exc:
+        return exc.response()
+    return JsonResponse(_model(model))
+
+
+@csrf_exempt
+async def not_found(request: HttpRequest, rest: str = "") -> HttpResponse:
+    return OpenAIError(
+        404, f"Unknown request URL: {request.method} {request.path}.", code="unknown_url"
+    ).response()

@@ -1,0 +1,254 @@
+"""/api/: conversations over REST (DRF). Thin: chat services/selectors do the work.
+
+Every lookup goes through chatapp.chat.selectors, which scope to request.user: another
+user's conversation answers 404, exactly like one that does not exist.
+"""
+
+from __future__ import annotations
+
+from asgiref.sync import async_to_sync
+from django.http import HttpResponse, StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.generics import GenericAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from chatapp.api import conversations
+from chatapp.api.models import ApiKey
+from chatapp.api.pagination import Pagination
+from chatapp.api.ratelimit import Slot, limiter
+from chatapp.api.serializers import (
+    ConversationCreateSerializer,
+    ConversationFilterSerializer,
+    ConversationRenameSerializer,
+    ConversationSerializer,
+    ErrorSerializer,
+    ExportSerializer,
+    MessageCreateSerializer,
+    MessageSerializer,
+    MessageTreeSerializer,
+    PresetSerializer,
+    TurnSerializer,
+)
+from chatapp.chat import selectors as chat_selectors
+from chatapp.chat import services as chat_services
+from chatapp.chat.models import Message
+from chatapp.generation import prompting
+from chatapp.generation import services as generation
+
+E = ErrorSerializer
+ERRORS = {401: E, 404: E, 429: E}
+TAG = ["conversations"]
+
+
+def _conversation(request: Request, conversation_id):
+    return chat_selectors.conversation_get(user=request.user, conversation_id=conversation_id)
+
+
+def _slot(request: Request) -> Slot | None:
+    """A generation slot for key-authenticated requests (browser sessions are not limited)."""
+    if isinstance(request.auth, ApiKey):
+        return limiter.acquire(request.auth)  # RateLimited -> 429 in the exception handler
+    return None
+
+
+class PresetListView(APIView):
+    @extend_schema(
+        operation_id="presets_list",
+        tags=["presets"],
+        responses={200: PresetSerializer(many=True), 401: E, 429: E},
+    )
+    def get(self, request: Request) -> Response:
+        """The system-prompt presets a conversation can start with."""
+        data = [p.__dict__ for p in prompting.available_presets()]
+        return Response(PresetSerializer(data, many=True).data)
+
+
+class ConversationListView(GenericAPIView):
+    pagination_class = Pagination
+
+    @extend_schema(
+        operation_id="conversations_list",
+        tags=TAG,
+        parameters=[ConversationFilterSerializer],
+        responses={200: ConversationSerializer(many=True), 400: E, **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        """Your conversations, newest first by default; paginated (`page`, `page_size`)."""
+        filters = ConversationFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        qs = conversations.conversation_queryset(user=request.user, **filters.validated_data)
+        page = self.paginate_queryset(qs)
+        return self.get_paginated_response(ConversationSerializer(page, many=True).data)
+
+    @extend_schema(
+        operation_id="conversations_create",
+        tags=TAG,
+        request=ConversationCreateSerializer,
+        responses={201: ConversationSerializer, 400: E, 401: E, 429: E},
+    )
+    def post(self, request: Request) -> Response:
+        """Start a conversation (optionally with a preset, a version of it and its variables)."""
+        body = ConversationCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        conversation = chat_services.conversation_create(owner=request.user, **body.validated_data)
+        return Response(ConversationSerializer(conversation).data, status=status.HTTP_201_CREATED)
+
+
+class ConversationDetailView(APIView):
+    @extend_schema(
+        operation_id="conversations_retrieve",
+        tags=TAG,
+        responses={200: ConversationSerializer, **ERRORS},
+    )
+    def get(self, request: Request, conversation_id: int) -> Response:
+        return Response(ConversationSerializer(_conversation(request, conversation_id)).data)
+
+    @extend_schema(
+        operation_id="conversations_rename",
+        tags=TAG,
+        request=ConversationRenameSerializer,
+        responses={200: ConversationSerializer, 400: E, **ERRORS},
+    )
+    def patch(self, request: Request, conversation_id: int) -> Response:
+        """Rename a conversation."""
+        conversation = _conversation(request, conversation_id)
+        body = ConversationRenameSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        conversation = chat_services.conversation_rename(
+            conversation=conversation, title=body.validated_data["title"]
+        )
+        return Response(ConversationSerializer(conversation).data)
+
+    @extend_schema(operation_id="conversations_destroy", tags=TAG, responses={204: None, **ERRORS})
+    def delete(self, request: Request, conversation_id: int) -> Response:
+        """Delete a conversation and all its messages."""
+        conversation = _conversation(request, conversation_id)
+        for reply in chat_selectors.conversation_active_replies(conversation=conversation):
+            generation.stop_reply(reply.pk)
+        chat_services.conversation_delete(conversation=conversation)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MessageListView(APIView):
+    @extend_schema(
+        operation_id="messages_tree", tags=TAG, responses={200: MessageTreeSerializer, **ERRORS}
+    )
+    def get(self, request: Request, conversation_id: int) -> Response:
+        """Every message of the conversation as a tree in flat form: each message names its
+        parent and children; edits and regenerations are siblings."""
+        tree = conversations.message_tree(conversation=_conversation(request, conversation_id))
+        return Response(MessageTreeSerializer(tree, context={"children": tree["children"]}).data)
+
+    @extend_schema(
+        operation_id="messages_create",
+        tags=TAG,
+        request=MessageCreateSerializer,
+        responses={
+            201: TurnSerializer,
+            (200, "text/event-stream"): OpenApiResponse(
+                OpenApiTypes.STR,
+                description="With `stream: true`: events message.created, message.started, "
+                "message.delta (numbered text batches) and message.done (the final message).",
+            ),
+            400: E,
+            409: OpenApiResponse(E, description="A reply is still being generated."),
+            **ERRORS,
+        },
+    )
+    def post(self, request: Request, conversation_id: int) -> HttpResponse:
+        """Send a message and get the reply: as JSON when it is complete, or streamed."""
+        conversation = _conversation(request, conversation_id)
+        body = MessageCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        slot = _slot(request)
+        try:
+            user_msg, reply = chat_services.message_send(
+                conversation=conversation,
+                content=body.validated_data["content"],
+                parent_id=body.validated_data["parent_id"],
+            )
+            if body.validated_data["stream"]:
+                first = {
+                    "type": "message.created",
+                    "user_message": MessageSerializer(user_msg).data,
+                    "reply": MessageSerializer(reply).data,
+                }
+                stream = conversations.reply_stream(
+                    reply_id=reply.pk,
+                    group=conversation.group_name,
+                    first=first,
+                    on_close=slot.release if slot else (lambda: None),
+                )
+                slot = None  # the stream releases it
+                response = StreamingHttpResponse(stream, content_type="text/event-stream")
+                response["Cache-Control"] = "no-cache"
+                response["X-Accel-Buffering"] = "no"
+                return response
+            # Runs on the server's event loop; this request's thread waits for the result.
+            async_to_sync(generation.run_reply)(reply.pk)
+        finally:
+            if slot is not None:
+                slot.release()
+        user_msg.refresh_from_db()
+        reply.refresh_from_db()
+        data = {"user_message": user_msg, "reply": reply}
+        return Response(TurnSerializer(data).data, status=status.HTTP_201_CREATED)
+
+
+class MessageDetailView(APIView):
+    @extend_schema(
+        operation_id="messages_retrieve", tags=TAG, responses={200: MessageSerializer, **ERRORS}
+    )
+    def get(self, request: Request, conversation_id: int, message_id: int) -> Response:
+        conversation = _conversation(request, conversation_id)
+        message = chat_selectors.message_get(conversation=conversation, message_id=message_id)
+        return Response(MessageSerializer(message).data)
+
+
+class MessageStopView(APIView):
+    @extend_schema(
+        operation_id="messages_stop",
+        tags=TAG,
+        request=None,
+        responses={202: MessageSerializer, **ERRORS},
+    )
+    def post(self, request: Request, conversation_id: int, message_id: int) -> Response:
+        """Stop a reply being generated: the engine request is cancelled, the text so far
+        is kept with status 'stopped'. Stopping a finished reply changes nothing."""
+        conversation = _conversation(request, conversation_id)
+        reply = chat_selectors.message_get(
+            conversation=conversation, message_id=message_id, role=Message.Role.ASSISTANT
+        )
+        if reply.is_active:
+            generation.stop_reply(reply.pk)
+        return Response(MessageSerializer(reply).data, status=status.HTTP_202_ACCEPTED)
+
+
+class ExportView(APIView):
+    @extend_schema(
+        operation_id="conversations_export", tags=TAG, responses={200: ExportSerializer, **ERRORS}
+    )
+    def get(self, request: Request, conversation_id: int) -> Response:
+        """The whole conversation: every message (all branches) with its token counts and
+        usage, the current branch, and usage totals."""
+        data = conversations.export_data(conversation=_conversation(request, conversation_id))
+        return Response(ExportSerializer(data, context={"children": data["children"]}).data)
+
+
+class ExportMarkdownView(APIView):
+    @extend_schema(
+        operation_id="conversations_export_markdown",
+        tags=TAG,
+        responses={(200, "text/markdown"): OpenApiTypes.STR, **ERRORS},
+    )
+    def get(self, request: Request, conversation_id: int) -> HttpResponse:
+        """The current branch as Markdown, for people."""
+        conversation = _conversation(request, conversation_id)
+        text = conversations.export_markdown(conversation=conversation)
+        response = HttpResponse(text, content_type="text/markdown; charset=utf-8")
+        response["Content-Disposition"] = f'inline; filename="conversation-{conversation.pk}.md"'
+        return response
