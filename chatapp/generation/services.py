@@ -63,7 +63,7 @@ def _prepare(reply_id: int, engine) -> PreparedReply:
             conversation=conversation,
             history=path,
             max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
-            engine_max_model_len=engine.config.max_model_len,
+            engine_max_model_len=engine.max_model_len,
         )
     except prompting.PromptFailure as exc:
         raise ReplyFailed(str(exc)) from exc
