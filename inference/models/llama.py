@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from kernels.attention import AttentionMetadata, paged_attention, store_kvcache
+from kernels import AttentionMetadata, paged_attention, store_kvcache
 
 
 class RMSNorm(nn.Module):
