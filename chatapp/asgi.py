@@ -24,6 +24,12 @@ if settings.LLM_PRELOAD:
 
     preload_in_background()
 
+# History samples for the cache dashboard (a no-op until the engine is loaded; never raises
+# into chat). DASHBOARD_SAMPLE_INTERVAL_S=0 turns it off, e.g. where Celery beat samples.
+from chatapp.dashboard.sampling import start_sampler  # noqa: E402
+
+start_sampler()
+
 application = ProtocolTypeRouter(
     {
         "http": http_app,

@@ -54,9 +54,12 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "chatapp.api",
+    "chatapp.dashboard",
 ]
 
 MIDDLEWARE = [
+    # First, so the web request metrics time the whole response.
+    "chatapp.dashboard.middleware.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -180,6 +183,17 @@ API_DEFAULT_MAX_TOKENS = int(os.environ.get("API_DEFAULT_MAX_TOKENS", "512"))
 API_MODEL_ALIASES = [
     a for a in os.environ.get("API_MODEL_ALIASES", "").split(",") if a.strip()
 ]
+
+# Cache dashboard (chatapp/dashboard): /admin/cache/, /metrics, /healthz, /readyz.
+# Seconds between history samples of this process's engine; 0 turns the sampler off.
+DASHBOARD_SAMPLE_INTERVAL_S = float(os.environ.get("DASHBOARD_SAMPLE_INTERVAL_S", "10"))
+DASHBOARD_RETENTION_HOURS = float(os.environ.get("DASHBOARD_RETENTION_HOURS", "48"))
+# "Hit rate over the last N requests" on the dashboard.
+DASHBOARD_RECENT_REQUESTS = int(os.environ.get("DASHBOARD_RECENT_REQUESTS", "50"))
+# An engine that has not reported for this long is shown as stale and left out of totals.
+DASHBOARD_ENGINE_STALE_S = float(os.environ.get("DASHBOARD_ENGINE_STALE_S", "300"))
+# When set, /metrics wants "Authorization: Bearer <token>".
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 
 LOGGING = {
     "version": 1,

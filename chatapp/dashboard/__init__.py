@@ -1,0 +1,1 @@
+"""Operators' view of the prefix cache: admin dashboard, history samples, /metrics, health."""

@@ -1,0 +1,94 @@
+"""/metrics: engine figures in Prometheus text format, named after vLLM's where one exists.
+
+vLLM exports `vllm:prefix_cache_queries_total` etc.; ours are `prefixchat:...` with the
+same meaning (tokens, not requests), labelled by engine so web process and workers
+can be told apart. Engines in other processes come from their last report in the
+database; stale ones are left out (their series end, as a dead target's would).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+
+from chatapp.dashboard import web_metrics
+from chatapp.dashboard.selectors import engine_reports
+
+P = "prefixchat:"
+
+COUNTERS = (
+    ("prefix_cache_queries", "prefix_cache_queries",
+     "Prefix cache queries, in prompt tokens looked up."),
+    ("prefix_cache_hits", "prefix_cache_hits", "Prefix cache hits, in tokens found cached."),
+    ("num_preemptions", "preemptions", "Requests preempted (recomputed) for lack of KV blocks."),
+    ("kv_cache_evictions", "evictions", "Cached KV blocks evicted to make room."),
+    ("prompt_tokens", "prompt_tokens_total", "Prompt tokens of finished requests."),
+    ("generation_tokens", "generation_tokens_total", "Tokens generated."),
+)
+GAUGES = (
+    ("num_requests_running", "num_running", "Requests running now."),
+    ("num_requests_waiting", "num_waiting", "Requests waiting to be scheduled."),
+    ("kv_cache_usage_perc", "kv_cache_usage", "Fraction of KV blocks in use (1 = full)."),
+)
+HISTOGRAMS = (
+    ("time_to_first_token_seconds", "ttft_seconds", "Time to first token."),
+    ("inter_token_latency_seconds", "inter_token_latency_seconds", "Time between tokens."),
+    ("e2e_request_latency_seconds", "e2e_request_latency_seconds", "Request latency, end to end."),
+)
+
+
+class EngineCollector:
+    """Reads the engines at scrape time (no state of its own)."""
+
+    def collect(self):
+        reports = [(r.engine_id, r.snapshot) for r in engine_reports() if not r.stale]
+        for name, key, doc in COUNTERS:
+            family = CounterMetricFamily(P + name, doc, labels=["engine"])
+            for engine_id, snap in reports:
+                family.add_metric([engine_id], snap.get(key, 0) or 0)
+            yield family
+        for name, key, doc in GAUGES:
+            family = GaugeMetricFamily(P + name, doc, labels=["engine"])
+            for engine_id, snap in reports:
+                family.add_metric([engine_id], snap.get(key, 0) or 0)
+            yield family
+        blocks = GaugeMetricFamily(P + "kv_cache_blocks", "KV blocks by state.",
+                                   labels=["engine", "state"])
+        for engine_id, snap in reports:
+            for state in ("used", "cached_free", "free"):
+                blocks.add_metric([engine_id, state], snap.get(f"blocks_{state}", 0) or 0)
+        yield blocks
+        outcomes = CounterMetricFamily(P + "request_success",
+                                       "Finished requests by how they ended.",
+                                       labels=["engine", "finished_reason"])
+        for engine_id, snap in reports:
+            for reason, key in (("finished", "requests_finished"), ("error", "requests_failed"),
+                                ("abort", "requests_aborted")):
+                outcomes.add_metric([engine_id, reason], snap.get(key, 0) or 0)
+        yield outcomes
+        for name, key, doc in HISTOGRAMS:
+            yield _histogram_family(name, key, doc, reports)
+
+
+def _histogram_family(name: str, key: str, doc: str, reports) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(P + name, doc, labels=["engine"])
+    for engine_id, snap in reports:
+        h = snap.get(key) or {}
+        counts = list(h.get("cumulative_counts") or [])
+        bounds = [repr(float(b)) for b in h.get("buckets") or []] + ["+Inf"]
+        if not counts or len(bounds) != len(counts):
+            continue
+        family.add_metric([engine_id], list(zip(bounds, counts, strict=True)),
+                          sum_value=h.get("sum", 0.0))
+    return family
+
+
+def metrics_text() -> bytes:
+    """The whole exposition: engine metrics, then the web service's request metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector())
+    return generate_latest(registry) + generate_latest(web_metrics.registry)

@@ -1,0 +1,68 @@
+"""Liveness and readiness checks for /healthz and /readyz.
+
+Ready means this process can answer a chat message now: its model is loaded, the
+database answers, and Redis (the channel layer, when REDIS_URL is set) answers.
+Each check is bounded and never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import connections
+
+from chatapp.dashboard import engines
+
+log = logging.getLogger(__name__)
+
+CHECK_TIMEOUT_S = 2
+
+
+def _failure(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()[:300]
+
+
+def check_model() -> tuple[bool, str]:
+    return (True, "loaded") if engines.local_engine() is not None else (False, "not loaded")
+
+
+def check_database(alias: str = "default") -> tuple[bool, str]:
+    conn = connections[alias]
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+        return True, "ok"
+    except Exception as exc:
+        # A broken connection is dropped, so the next request connects afresh.
+        try:
+            conn.close()
+        except Exception:
+            log.debug("closing a failed connection failed", exc_info=True)
+        return False, _failure(exc)
+
+
+def check_redis(url: str) -> tuple[bool, str]:
+    try:
+        import redis
+
+        client = redis.Redis.from_url(url, socket_connect_timeout=CHECK_TIMEOUT_S,
+                                      socket_timeout=CHECK_TIMEOUT_S)
+        try:
+            client.ping()
+        finally:
+            client.close()
+        return True, "ok"
+    except Exception as exc:
+        return False, _failure(exc)
+
+
+def readiness() -> tuple[bool, dict[str, dict]]:
+    """(ready, {check: {"ok": bool, "detail": str}})."""
+    checks = {"model": check_model(), "database": check_database()}
+    redis_url = getattr(settings, "REDIS_URL", "")
+    if redis_url:
+        checks["redis"] = check_redis(redis_url)
+    report = {name: {"ok": ok, "detail": detail} for name, (ok, detail) in checks.items()}
+    return all(ok for ok, _ in checks.values()), report

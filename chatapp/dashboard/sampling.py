@@ -1,0 +1,129 @@
+"""History samples: this process's engine figures into the database, periodically.
+
+`engine_sample_local()` is a plain function: the in-process Sampler thread calls it
+here, and a Celery beat task in a worker can call it as it is. It also carries out
+prefix-cache resets the dashboard asked of this engine, and prunes old samples.
+
+Nothing here may break chat: the thread catches everything, and the engine is only
+read (its snapshot is taken under the engine's own lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from chatapp.dashboard import engines
+from chatapp.dashboard.models import EngineSample, EngineStatus
+
+log = logging.getLogger(__name__)
+
+
+def snapshot_record(*, snapshot: dict, now=None) -> EngineStatus:
+    """Store an engine's snapshot: replace its status row, add one history sample."""
+    now = now or timezone.now()
+    engine_id = str(snapshot.get("engine_id") or "unknown")
+    ttft = snapshot.get("ttft_seconds") or {}
+    with transaction.atomic():
+        status, _ = EngineStatus.objects.update_or_create(
+            engine_id=engine_id,
+            defaults={"model": str(snapshot.get("model") or ""), "snapshot": snapshot,
+                      "reported_at": now},
+        )
+        EngineSample.objects.create(
+            engine_id=engine_id,
+            taken_at=now,
+            prefix_cache_queries=snapshot.get("prefix_cache_queries", 0),
+            prefix_cache_hits=snapshot.get("prefix_cache_hits", 0),
+            blocks_total=snapshot.get("blocks_total", 0),
+            blocks_used=snapshot.get("blocks_used", 0),
+            blocks_cached_free=snapshot.get("blocks_cached_free", 0),
+            blocks_free=snapshot.get("blocks_free", 0),
+            evictions=snapshot.get("evictions", 0),
+            preemptions=snapshot.get("preemptions", 0),
+            num_running=snapshot.get("num_running", 0),
+            num_waiting=snapshot.get("num_waiting", 0),
+            ttft_buckets=list(ttft.get("buckets") or []),
+            ttft_counts=list(ttft.get("cumulative_counts") or []),
+        )
+    return status
+
+
+def samples_prune(*, now=None) -> int:
+    """Delete samples older than DASHBOARD_RETENTION_HOURS; returns how many."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(hours=settings.DASHBOARD_RETENTION_HOURS)
+    deleted, _ = EngineSample.objects.filter(taken_at__lt=cutoff).delete()
+    return deleted
+
+
+def _apply_requested_reset(engine, engine_id: str) -> None:
+    """Carry out a reset the dashboard of some web process asked of this engine."""
+    from chatapp.dashboard import services
+
+    status = EngineStatus.objects.filter(engine_id=engine_id).first()
+    if status is None or status.reset_requested_at is None:
+        return
+    if status.reset_done_at is not None and status.reset_done_at >= status.reset_requested_at:
+        return
+    services.prefix_cache_reset_local(engine=engine, engine_id=engine_id)
+
+
+def engine_sample_local() -> bool:
+    """Sample this process's engine (if one is loaded); True when a sample was written."""
+    engine = engines.local_engine()
+    if engine is None:
+        return False
+    snapshot = engine.metrics()
+    _apply_requested_reset(engine, str(snapshot.get("engine_id") or ""))
+    snapshot_record(snapshot=snapshot)
+    samples_prune()
+    return True
+
+
+class Sampler(threading.Thread):
+    """Calls engine_sample_local() every `interval` seconds until stopped."""
+
+    def __init__(self, interval: float):
+        super().__init__(name="dashboard-sampler", daemon=True)
+        self.interval = interval
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self.run_once()
+
+    def run_once(self) -> bool:
+        try:
+            return engine_sample_local()
+        except Exception:
+            # The database may be busy or gone; the next tick tries again, chat goes on.
+            log.warning("Dashboard sample failed", exc_info=True)
+            return False
+        finally:
+            close_old_connections()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+_sampler: Sampler | None = None
+_sampler_lock = threading.Lock()
+
+
+def start_sampler() -> Sampler | None:
+    """Start this process's sampler once (DASHBOARD_SAMPLE_INTERVAL_S > 0)."""
+    global _sampler
+    interval = float(getattr(settings, "DASHBOARD_SAMPLE_INTERVAL_S", 0) or 0)
+    if interval <= 0:
+        return None
+    with _sampler_lock:
+        if _sampler is None or not _sampler.is_alive():
+            _sampler = Sampler(interval)
+            _sampler.start()
+    return _sampler

@@ -1,0 +1,258 @@
+"""What the dashboard shows, read from the live engine, the status table and the chat tables."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Avg, Count, Sum
+from django.utils import timezone
+
+from chatapp.chat.models import Message
+from chatapp.dashboard import engines, stats
+from chatapp.dashboard.models import EngineStatus
+
+log = logging.getLogger(__name__)
+
+RECENT_ROWS = 20
+PROFILE_PROMPTS = 8
+REQUEST_ID_RE = re.compile(r"^msg-(\d+)$")
+
+
+@dataclass
+class EngineReport:
+    engine_id: str
+    snapshot: dict
+    reported_at: datetime
+    live: bool  # this process's engine, read now rather than from its last sample
+    stale: bool
+    reset_pending: bool = False
+
+
+def engine_reports(*, now: datetime | None = None) -> list[EngineReport]:
+    """Every engine we know of: this process's live one first, then the others' last reports."""
+    now = now or timezone.now()
+    stale_after = timedelta(seconds=settings.DASHBOARD_ENGINE_STALE_S)
+    reports = []
+    local = engines.local_snapshot()
+    if local is not None:
+        reports.append(EngineReport(local.get("engine_id", ""), local, now, True, False))
+    statuses = {s.engine_id: s for s in EngineStatus.objects.all()}
+    for engine_id, status in sorted(statuses.items()):
+        pending = status.reset_requested_at is not None and (
+            status.reset_done_at is None or status.reset_done_at < status.reset_requested_at
+        )
+        if local is not None and engine_id == local.get("engine_id"):
+            reports[0].reset_pending = pending
+            continue
+        reports.append(EngineReport(
+            engine_id, status.snapshot, status.reported_at, False,
+            now - status.reported_at > stale_after, pending,
+        ))
+    return reports
+
+
+def dashboard_figures(*, reports: list[EngineReport] | None = None) -> dict:
+    """Per-engine figures and their total (stale engines are shown, not added up)."""
+    reports = engine_reports() if reports is None else reports
+    n = settings.DASHBOARD_RECENT_REQUESTS
+    rows = []
+    for r in reports:
+        figures = stats.engine_figures(r.snapshot, n)
+        figures.update(live=r.live, stale=r.stale, reset_pending=r.reset_pending,
+                       reported_at=r.reported_at.isoformat())
+        rows.append(figures)
+    total = stats.total_figures([r.snapshot for r in reports if not r.stale], n)
+    return {"engines": rows, "total": total, "recent_n": n}
+
+
+# --- per preset ------------------------------------------------------------------------
+
+def _finished_replies():
+    return Message.objects.filter(role=Message.Role.ASSISTANT, prompt_tokens__isnull=False)
+
+
+@functools.cache
+def _builder(tokenizer, block_size: int):
+    from chatapp.prompts.services import PromptBuilder
+
+    return PromptBuilder(tokenizer, block_size=block_size)
+
+
+def shared_prefix_lengths(keys) -> dict[tuple[str, str], int | None]:
+    """The block-aligned system segment length of each (preset, version): from the prompts
+    this process recorded, else rendered with the loaded engine's tokenizer."""
+    from chatapp.prompts.profile import recent_prompts
+
+    found: dict[tuple[str, str], int | None] = {}
+    for p in recent_prompts():
+        if p.preset_id and p.shared_prefix_len is not None:
+            found[(p.preset_id, p.preset_version or "")] = p.shared_prefix_len
+    engine = engines.local_engine()
+    for key in keys:
+        if key in found:
+            continue
+        found[key] = None
+        if engine is None:
+            continue
+        try:
+            ids = _builder(engine.tokenizer, settings.LLM_BLOCK_SIZE).system_segment(
+                key[0], key[1] or None
+            )
+            found[key] = len(ids)
+        except Exception:  # a preset removed since: the row stays, without a length
+            log.debug("no system segment for %s", key, exc_info=True)
+    return found
+
+
+def preset_rows(*, since: datetime | None = None) -> list[dict]:
+    """Per system prompt (preset and version): replies, tokens, hit rate, shared prefix."""
+    qs = _finished_replies()
+    if since is not None:
+        qs = qs.filter(created_at__gte=since)
+    rows = list(
+        qs.values("conversation__preset_id", "conversation__preset_version")
+        .annotate(
+            requests=Count("id"),
+            conversations=Count("conversation", distinct=True),
+            prompt_tokens=Sum("prompt_tokens"),
+            cached_tokens=Sum("cached_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+            ttft_avg=Avg("ttft"),
+        )
+        .order_by("conversation__preset_id", "conversation__preset_version")
+    )
+    keys = [(r["conversation__preset_id"], r["conversation__preset_version"]) for r in rows]
+    shared = shared_prefix_lengths(keys)
+    out = []
+    for row, key in zip(rows, keys, strict=True):
+        out.append({
+            "preset_id": key[0],
+            "preset_version": key[1],
+            "requests": row["requests"],
+            "conversations": row["conversations"],
+            "prompt_tokens": row["prompt_tokens"] or 0,
+            "cached_tokens": row["cached_tokens"] or 0,
+            "completion_tokens": row["completion_tokens"] or 0,
+            "hit_rate": stats.ratio(row["cached_tokens"] or 0, row["prompt_tokens"] or 0),
+            "ttft_avg": row["ttft_avg"],
+            "shared_prefix_len": shared.get(key),
+        })
+    return out
+
+
+# --- recent requests ---------------------------------------------------------------------
+
+def match_cause(
+    *, prompt: int, cached: int, block_size: int, shared_prefix: int | None,
+    previous_computed: int | None,
+) -> tuple[int | None, str]:
+    """How many tokens could have hit, and where the match ended against that.
+
+    previous_computed: tokens whose KV the conversation's previous turn computed (its
+    prompt and all but its last generated token); this turn's prompt extends them.
+    """
+    if not block_size:
+        return None, "cached" if cached else "cold: nothing cached"
+    cap = (max(prompt - 1, 0) // block_size) * block_size  # the last token is always computed
+    if previous_computed is not None:
+        reusable = min(cap, (max(previous_computed, 0) // block_size) * block_size)
+    elif shared_prefix is not None:
+        reusable = min(cap, shared_prefix)
+    else:
+        return None, "cached" if cached else "cold: nothing cached"
+    if cached >= reusable and cached > 0:
+        if previous_computed is not None:
+            return reusable, "full: ended at the end of the previous turn"
+        return reusable, "full: ended after the shared system prefix"
+    if cached == 0:
+        return reusable, "cold: nothing cached (first use, reset or evicted)"
+    if shared_prefix is not None and cached <= shared_prefix:
+        return reusable, "short: ended in the system prefix (history evicted or changed)"
+    return reusable, "short: ended inside the history (evicted or diverged)"
+
+
+def _replies_by_request_id(request_ids: list[str]) -> dict[str, Message]:
+    pks = [int(m.group(1)) for rid in request_ids if (m := REQUEST_ID_RE.match(rid or ""))]
+    replies = Message.objects.filter(pk__in=pks).select_related("conversation", "parent__parent")
+    return {r.request_id: r for r in replies}
+
+
+def recent_requests(*, reports: list[EngineReport], limit: int = RECENT_ROWS) -> list[dict]:
+    """The latest finished requests of every engine, with the cause of where their match ended."""
+    items = []
+    for r in reports:
+        bs = r.snapshot.get("block_size") or 0
+        for req in list(r.snapshot.get("recent_requests") or [])[-limit:]:
+            items.append((r.engine_id, bs, req))
+    replies = _replies_by_request_id([req.get("request_id", "") for _, _, req in items])
+    keys = {(m.conversation.preset_id, m.conversation.preset_version) for m in replies.values()}
+    shared = shared_prefix_lengths(keys) if keys else {}
+    rows = []
+    for engine_id, bs, req in reversed(items):
+        reply = replies.get(req.get("request_id", ""))
+        prompt, cached = req.get("prompt_tokens") or 0, req.get("cached_tokens") or 0
+        preset = shared_prefix = previous_computed = None
+        if reply is not None:
+            conv = reply.conversation
+            preset = f"{conv.preset_id}@{conv.preset_version}" if conv.preset_version else conv.preset_id
+            shared_prefix = shared.get((conv.preset_id, conv.preset_version))
+            before = reply.parent.parent if reply.parent_id and reply.parent else None
+            if before is not None and before.prompt_tokens is not None:
+                previous_computed = before.prompt_tokens + (before.completion_tokens or 0) - 1
+        reusable, cause = match_cause(prompt=prompt, cached=cached, block_size=bs,
+                                      shared_prefix=shared_prefix,
+                                      previous_computed=previous_computed)
+        rows.append({
+            "engine_id": engine_id,
+            "request_id": req.get("request_id", ""),
+            "preset": preset,
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "completion_tokens": req.get("completion_tokens"),
+            "match_end_block": cached // bs if bs else None,
+            "reusable_tokens": reusable,
+            "cause": cause,
+            "ttft": req.get("ttft"),
+            "finish_reason": req.get("finish_reason"),
+        })
+    return rows[:limit]
+
+
+# --- prompt profile ----------------------------------------------------------------------
+
+def prompt_profile(*, limit: int = PROFILE_PROMPTS):
+    """The prompt manager's profile of this process's recent prompts (None without a model)."""
+    from chatapp.prompts.profile import profile_prompts, recent_prompts
+
+    engine = engines.local_engine()
+    prompts = recent_prompts(limit=limit)
+    if engine is None or not prompts:
+        return None
+    return profile_prompts(prompts, tokenizer=engine.tokenizer, width=64,
+                           block_size=settings.LLM_BLOCK_SIZE)
+
+
+# --- the page ------------------------------------------------------------------------------
+
+def page_data(*, range_name: str = "hour", now: datetime | None = None) -> dict:
+    """Everything the dashboard shows and its JSON endpoint returns (JSON-safe)."""
+    from chatapp.dashboard import charts, history
+
+    now = now or timezone.now()
+    range_name = range_name if range_name in history.RANGES else "hour"
+    reports = engine_reports(now=now)
+    points = history.series(range_name=range_name, now=now)
+    span = history.RANGES[range_name][0]
+    return {
+        "generated_at": now.isoformat(),
+        "range": range_name,
+        "figures": dashboard_figures(reports=reports),
+        "presets": preset_rows(since=now - span),
+        "recent_requests": recent_requests(reports=reports),
+        "charts": charts.dashboard_charts(points),
+    }

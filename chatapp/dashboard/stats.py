@@ -1,0 +1,116 @@
+"""Figures from engine snapshots: pure functions, no database, no Django.
+
+A snapshot is what AsyncEngine.metrics() returns. Hits and queries are in tokens,
+as vLLM counts them: queries = prompt tokens looked up, hits = tokens found cached.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+# Counters that add up across engines for the "total" row.
+SUMMED = (
+    "prefix_cache_queries", "prefix_cache_hits", "blocks_total", "blocks_used",
+    "blocks_cached_free", "blocks_free", "evictions", "preemptions", "num_running",
+    "num_waiting", "prompt_tokens_total", "generation_tokens_total", "requests_finished",
+    "requests_failed", "requests_aborted",
+)
+
+
+def ratio(part: float, whole: float) -> float | None:
+    """part / whole, or None when there is nothing to divide (no queries is no rate, not 0 %)."""
+    return part / whole if whole else None
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank quantile: always a value that was observed."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def histogram_quantile(
+    buckets: Sequence[float], cumulative: Sequence[int], q: float
+) -> float | None:
+    """Prometheus' histogram_quantile: linear inside the bucket that holds rank q.
+
+    `cumulative` has one more entry than `buckets` (the +Inf bucket); a rank in
+    +Inf answers the highest finite bound, as Prometheus does.
+    """
+    if not cumulative or cumulative[-1] <= 0:
+        return None
+    rank = q * cumulative[-1]
+    lower_bound, lower_count = 0.0, 0
+    for bound, count in zip(buckets, cumulative, strict=False):
+        if count >= rank:
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = bound, count
+    return buckets[-1] if buckets else None
+
+
+def is_hit(request: dict) -> bool:
+    """A request that found at least one cached block."""
+    return (request.get("cached_tokens") or 0) > 0
+
+
+def recent_hit_rate(recent: Sequence[dict], n: int) -> dict:
+    """Token hit rate over the last n finished requests."""
+    window = list(recent)[-n:] if n > 0 else []
+    prompt = sum(r.get("prompt_tokens") or 0 for r in window)
+    cached = sum(r.get("cached_tokens") or 0 for r in window)
+    return {"requests": len(window), "prompt_tokens": prompt, "cached_tokens": cached,
+            "hit_rate": ratio(cached, prompt)}
+
+
+def ttft_split(recent: Iterable[dict]) -> dict:
+    """TTFT p50 / p95 of recent requests, apart for cache hits and misses: a hit that is
+    not faster than a miss means the cache is not paying."""
+    groups: dict[str, list[float]] = {"hit": [], "miss": []}
+    for r in recent:
+        if r.get("ttft") is not None:
+            groups["hit" if is_hit(r) else "miss"].append(float(r["ttft"]))
+    return {
+        name: {"requests": len(v), "p50": quantile(v, 0.5), "p95": quantile(v, 0.95)}
+        for name, v in groups.items()
+    }
+
+
+def engine_figures(snapshot: dict, recent_n: int) -> dict:
+    """The dashboard's figures for one engine snapshot."""
+    recent = list(snapshot.get("recent_requests") or [])
+    figures = {key: snapshot.get(key, 0) or 0 for key in SUMMED}
+    figures.update(
+        engine_id=snapshot.get("engine_id", ""),
+        model=snapshot.get("model", ""),
+        block_size=snapshot.get("block_size"),
+        hit_rate=ratio(figures["prefix_cache_hits"], figures["prefix_cache_queries"]),
+        kv_cache_usage=ratio(figures["blocks_used"], figures["blocks_total"]),
+        recent=recent_hit_rate(recent, recent_n),
+        ttft=ttft_split(recent),
+    )
+    return figures
+
+
+def total_figures(snapshots: Sequence[dict], recent_n: int) -> dict:
+    """Figures summed over engines; rates are recomputed from the summed tokens."""
+    figures = {key: sum(s.get(key, 0) or 0 for s in snapshots) for key in SUMMED}
+    # Each engine's own last n: there is no common clock to merge them by.
+    recent = [r for s in snapshots for r in list(s.get("recent_requests") or [])[-recent_n:]]
+    prompt = sum(r.get("prompt_tokens") or 0 for r in recent)
+    cached = sum(r.get("cached_tokens") or 0 for r in recent)
+    figures.update(
+        engine_id="total",
+        model="",
+        block_size=None,
+        hit_rate=ratio(figures["prefix_cache_hits"], figures["prefix_cache_queries"]),
+        kv_cache_usage=ratio(figures["blocks_used"], figures["blocks_total"]),
+        recent={"requests": len(recent), "prompt_tokens": prompt, "cached_tokens": cached,
+                "hit_rate": ratio(cached, prompt)},
+        ttft=ttft_split(recent),
+    )
+    return figures
