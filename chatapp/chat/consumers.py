@@ -101,13 +101,12 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if handler is None:
             await self.send_error("unknown_event", f"Unknown event type {kind[:40]!r}.", kind)
             return
+        if kind != "ping" and not await self.conversation_still_exists():
+            # Deleted (from another tab, say) since this socket opened.
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
         try:
             await handler(self, data)
-        except NotFound as exc:
-            if not await self.conversation_still_exists():
-                await self.close(code=CLOSE_NOT_FOUND)
-                return
-            await self.send_error(exc.code, exc.message, kind)
         except ChatError as exc:
             await self.send_error(exc.code, exc.message, kind)
 

@@ -14,6 +14,7 @@ from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, NotFound
 from chatapp.chat.serializers import conversation_dict, message_dict
 from chatapp.generation import prompting
+from chatapp.generation import services as generation
 
 
 def _conversation_or_404(request: HttpRequest, conversation_id: int):
@@ -100,7 +101,10 @@ def conversation_rename(request: HttpRequest, conversation_id: int) -> HttpRespo
 @login_required
 @require_POST
 def conversation_delete(request: HttpRequest, conversation_id: int) -> HttpResponse:
-    services.conversation_delete(conversation=_conversation_or_404(request, conversation_id))
+    conversation = _conversation_or_404(request, conversation_id)
+    for reply in selectors.conversation_active_replies(conversation=conversation):
+        generation.stop_reply(reply.pk)  # free its engine blocks; its row goes with the rest
+    services.conversation_delete(conversation=conversation)
     return redirect("chat:home")
 
 

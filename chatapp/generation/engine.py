@@ -56,6 +56,11 @@ def get_engine():
     return _engine
 
 
+def loaded_engine():
+    """The engine if this process has loaded it, else None (never starts a load)."""
+    return _engine
+
+
 async def aget_engine():
     """get_engine() without blocking the event loop while the model loads."""
     if _engine is not None:

@@ -2,12 +2,14 @@
 
 import pytest
 from channels.db import database_sync_to_async
+from django.test import Client
+from django.urls import reverse
 
 from chatapp.chat import services
 from chatapp.chat.models import Message
 from chatapp.generation.engine import get_engine
 
-from .wsclient import connect, created_reply_id, is_done, receive, receive_until
+from .wsclient import RECEIVE_TIMEOUT, connect, created_reply_id, is_done, receive, receive_until
 
 pytestmark = [pytest.mark.model, pytest.mark.django_db(transaction=True)]
 
@@ -197,3 +199,28 @@ async def test_a_prompt_over_the_context_fails_with_a_clear_error_and_the_chat_g
     nxt = await get_message(next_id)
     assert nxt.status == "done"
     await comm.disconnect()
+
+
+async def test_deleting_a_conversation_mid_reply_stops_the_engine_request(alice, settings):
+    settings.CHAT_MAX_NEW_TOKENS = 400
+    conv = await new_conversation(alice)
+    comm, _ = await connect(conv.pk, alice)
+    await receive(comm)
+    await comm.send_json_to({"type": "send", "content": LONG_PROMPT})
+    await receive_until(comm, lambda e: e["type"] == "message.delta")
+
+    def delete():
+        client = Client()
+        client.force_login(alice)
+        return client.post(reverse("chat:delete", args=[conv.pk])).status_code
+
+    assert await database_sync_to_async(delete)() == 302
+    await comm.send_json_to({"type": "send", "content": "Still there?"})
+    out = await comm.receive_output(timeout=RECEIVE_TIMEOUT)
+    while out["type"] != "websocket.close":  # stream events still in flight
+        out = await comm.receive_output(timeout=RECEIVE_TIMEOUT)
+    assert out["code"] == 4404
+    await comm.disconnect(timeout=RECEIVE_TIMEOUT)  # waits for the reply task to end
+    metrics = get_engine().metrics()
+    assert metrics["num_running"] == 0 and metrics["blocks_used"] == 0
+    assert not await database_sync_to_async(Message.objects.filter(conversation_id=conv.pk).exists)()
