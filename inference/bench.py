@@ -1,0 +1,420 @@
+"""Benchmark: our engine against transformers on the same weights and prompts.
+
+    python -m inference.bench [--quick] [--dtype bfloat16|float32] [--out PATH] [--threads N]
+
+Prints one JSON document and writes it (default bench-results/engine.json):
+prefill tokens/s, decode tokens/s at 1 and 32 concurrent sequences, each for
+our engine and for transformers, and the time to first token of a chat's turn 2
+with the prefix cache on and off. Timings use time.perf_counter; every
+measurement is preceded by one warm-up of the same batch with shorter prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from inference.bench_workloads import (
+    FULL,
+    QUICK,
+    Sizes,
+    TokenSource,
+    build_conversation,
+    chat_prompt_ids,
+    next_turn_ids,
+)
+from inference.config import EngineConfig
+from inference.llm_engine import LLMEngine
+from inference.loader import resolve_model_path
+from inference.sampling_params import SamplingParams
+
+DEFAULT_OUT = Path("bench-results/engine.json")
+_request_ids = itertools.count()
+_t0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    # stdout carries only the JSON document.
+    print(f"[bench {time.perf_counter() - _t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+# --- workloads -----------------------------------------------------------------
+@dataclass
+class Prompts:
+    prefill: list[list[int]]
+    prefill_warmup: list[list[int]]
+    decode: dict[int, list[list[int]]]  # concurrency -> prompts
+    decode_warmup: dict[int, list[list[int]]]
+
+
+def make_prompts(tokenizer, sizes: Sizes) -> Prompts:
+    """Disjoint slices of text for every measurement, so no timed run can hit the
+    prefix cache filled by its warm-up."""
+    src = TokenSource(tokenizer)
+    n = sizes.prefill_prompts
+    return Prompts(
+        prefill=src.batch(n, sizes.prefill_len),
+        prefill_warmup=src.batch(n, sizes.warmup_len),
+        decode={c: src.batch(c, sizes.decode_prompt_len) for c in sizes.decode_concurrency},
+        decode_warmup={c: src.batch(c, sizes.warmup_len) for c in sizes.decode_concurrency},
+    )
+
+
+def engine_config(sizes: Sizes, dtype: str, prefix_caching: bool = True) -> EngineConfig:
+    """A pool and step budget large enough that nothing is chunked or preempted:
+    the numbers then measure the forward, not the scheduler's fallbacks."""
+    max_c = max(sizes.decode_concurrency)
+    # A chat overshoots its target by up to one paragraph.
+    conversation = sizes.conversation_tokens + sizes.reply_tokens + 512
+    step_tokens = max(
+        sizes.prefill_prompts * sizes.prefill_len,
+        max_c * sizes.decode_prompt_len,
+        conversation,
+    )
+    live_tokens = max(
+        sizes.prefill_prompts * sizes.prefill_len,
+        max_c * (sizes.decode_prompt_len + sizes.decode_new_tokens),
+        conversation,
+    )
+    max_seqs = max(sizes.prefill_prompts, max_c)
+    return EngineConfig(
+        dtype=dtype,
+        num_blocks=2 * (live_tokens // EngineConfig.block_size + max_seqs) + 64,
+        max_num_batched_tokens=step_tokens,
+        max_num_seqs=max_seqs,
+        enable_prefix_caching=prefix_caching,
+    )
+
+
+# --- our engine ----------------------------------------------------------------
+@dataclass
+class RunTimes:
+    """One batch run to completion: when it started, when every sequence had its
+    first token, when the last one finished, and the final outputs."""
+
+    start: float
+    first_token: float
+    end: float
+    outputs: list  # RequestOutput, in prompt order
+
+
+def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> RunTimes:
+    ids = [f"bench-{next(_request_ids)}" for _ in prompts]
+    start = time.perf_counter()
+    for rid, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(rid, prompt, params)
+    first: dict[str, float] = {}
+    final: dict[str, object] = {}
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        now = time.perf_counter()
+        for out in outs:
+            first.setdefault(out.request_id, now)
+            if out.finished:
+                final[out.request_id] = out
+    end = time.perf_counter()
+    return RunTimes(start, max(first.values()), end, [final[r] for r in ids])
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def ours_prefill(engine: LLMEngine, prompts: Prompts) -> dict:
+    run_engine(engine, prompts.prefill_warmup, greedy(1))
+    engine.reset_prefix_cache()
+    run = run_engine(engine, prompts.prefill, greedy(1))
+    tokens = sum(len(p) for p in prompts.prefill)
+    seconds = run.end - run.start
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        # Must be 0: a hit would make the prefill look cheaper than it is.
+        "cached_tokens": sum(o.cached_tokens for o in run.outputs),
+    }
+
+
+def decode_figures(batch: int, new_tokens: int, start: float, first: float, end: float) -> dict:
+    """Decode rate counts the tokens after the first (the first costs a prefill);
+    end-to-end rate counts all output tokens over the whole call."""
+    return {
+        "concurrency": batch,
+        "new_tokens": new_tokens,
+        "prefill_seconds": first - start,
+        "decode_seconds": end - first,
+        "decode_tokens_per_s": batch * (new_tokens - 1) / (end - first),
+        "e2e_output_tokens_per_s": batch * new_tokens / (end - start),
+    }
+
+
+def ours_decode(
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    warmup: list[list[int]],
+    new_tokens: int,
+    warmup_tokens: int,
+) -> tuple[dict, list[list[int]]]:
+    run_engine(engine, warmup, greedy(warmup_tokens))
+    engine.reset_prefix_cache()
+    run = run_engine(engine, prompts, greedy(new_tokens))
+    assert all(len(o.token_ids) == new_tokens for o in run.outputs)
+    figures = decode_figures(len(prompts), new_tokens, run.start, run.first_token, run.end)
+    return figures, [o.token_ids for o in run.outputs]
+
+
+def time_to_first_token(engine: LLMEngine, prompt: list[int]) -> tuple[float, int]:
+    """Seconds from add_request to the first token, and the prompt tokens served from cache."""
+    run = run_engine(engine, [prompt], SamplingParams(max_tokens=1, temperature=0.0))
+    return run.first_token - run.start, run.outputs[0].cached_tokens
+
+
+# --- transformers ----------------------------------------------------------------
+class StepClock:
+    """A generate() streamer that only notes when each step's tokens arrive:
+    the first call is the prompt, the second the first new token."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def load_hf_model(dtype: str):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # generate() warns about sampling fields we don't use
+    hf_logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(), dtype=getattr(torch, dtype))
+    return model.eval()
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+@torch.inference_mode()
+def hf_prefill(model, prompts: Prompts) -> dict:
+    # logits_to_keep=1: our engine computes logits for the last position only, and
+    # the full [tokens, 49152] projection would add ~25 % to transformers' work.
+    model(torch.tensor(prompts.prefill_warmup), logits_to_keep=1)
+    x = torch.tensor(prompts.prefill)
+    start = time.perf_counter()
+    model(x, logits_to_keep=1)
+    seconds = time.perf_counter() - start
+    return {
+        "tokens": x.numel(),
+        "seconds": seconds,
+        "tokens_per_s": x.numel() / seconds,
+        "call": "model(input_ids, logits_to_keep=1)",
+    }
+
+
+@torch.inference_mode()
+def hf_generate(
+    model, prompts: list[list[int]], new_tokens: int, pad_id: int
+) -> tuple[StepClock, torch.Tensor]:
+    ids, mask = left_pad(prompts, pad_id)
+    clock = StepClock()
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=pad_id,
+        streamer=clock,
+    )
+    return clock, out[:, ids.shape[1] :]
+
+
+def hf_decode(
+    model,
+    prompts: list[list[int]],
+    warmup: list[list[int]],
+    new_tokens: int,
+    warmup_tokens: int,
+    pad_id: int,
+) -> tuple[dict, list[list[int]]]:
+    hf_generate(model, warmup, warmup_tokens, pad_id)
+    start = time.perf_counter()
+    clock, out = hf_generate(model, prompts, new_tokens, pad_id)
+    end = time.perf_counter()
+    assert out.shape[1] == new_tokens
+    figures = decode_figures(len(prompts), new_tokens, start, clock.times[1], end)
+    return figures, out.tolist()
+
+
+# --- the two-turn check ----------------------------------------------------------
+def two_turn(engine_on: LLMEngine, make_engine_off: Callable[[], LLMEngine], sizes: Sizes) -> dict:
+    """TTFT of turn 2 of one conversation, prefix cache on (turn 1 ran on that
+    engine) and off (a fresh engine with caching disabled)."""
+    tok = engine_on.tokenizer
+    engine_on.reset_prefix_cache()  # only turn 1 may feed turn 2's hits
+    messages = build_conversation(tok, sizes.conversation_tokens)
+    turn1 = chat_prompt_ids(tok, messages)
+    # Turn 1 itself warms the cache-on engine up at this prompt length.
+    reply = run_engine(
+        engine_on, [turn1], SamplingParams(max_tokens=sizes.reply_tokens, temperature=0.0)
+    ).outputs[0]
+    turn2 = next_turn_ids(
+        tok,
+        messages,
+        turn1,
+        reply.token_ids,
+        "Thanks. Now list the three most important points, briefly.",
+    )
+    ttft_on, cached_on = time_to_first_token(engine_on, turn2)
+
+    log("two-turn check: cache-off engine")
+    engine_off = make_engine_off()
+    time_to_first_token(engine_off, turn1[: sizes.warmup_len])  # warm-up
+    ttft_off, cached_off = time_to_first_token(engine_off, turn2)
+    del engine_off
+    return {
+        "turn1_prompt_tokens": len(turn1),
+        "reply_tokens": len(reply.token_ids),
+        "turn2_prompt_tokens": len(turn2),
+        "cache_on": {"ttft_s": ttft_on, "cached_tokens": cached_on},
+        "cache_off": {"ttft_s": ttft_off, "cached_tokens": cached_off},
+    }
+
+
+# --- putting it together ---------------------------------------------------------
+def match_fraction(a: list[list[int]], b: list[list[int]]) -> float:
+    """Share of sequences whose greedy tokens agree exactly (bf16 rounding may split them)."""
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def pad_token_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def throughput(engine: LLMEngine, model, sizes: Sizes, prompts: Prompts) -> tuple[dict, dict]:
+    """Prefill and decode figures for both sides. Each measurement runs ours, then
+    transformers, back to back, so a change in load from other processes on a
+    shared machine skews a ratio less than running one side after the other."""
+    pad_id = pad_token_id(engine.tokenizer)
+    log("prefill")
+    ours: dict = {"prefill": ours_prefill(engine, prompts), "decode": {}}
+    hf: dict = {"prefill": hf_prefill(model, prompts), "decode": {}}
+    for c in sizes.decode_concurrency:
+        log(f"decode, {c} sequence(s)")
+        args = (prompts.decode[c], prompts.decode_warmup[c])
+        n, warm = sizes.decode_new_tokens, sizes.warmup_new_tokens
+        ours_fig, ours_ids = ours_decode(engine, *args, n, warm)
+        hf_fig, hf_ids = hf_decode(model, *args, n, warm, pad_id)
+        ours_fig["greedy_match_vs_transformers"] = match_fraction(ours_ids, hf_ids)
+        ours["decode"][str(c)], hf["decode"][str(c)] = ours_fig, hf_fig
+    return ours, hf
+
+
+def ratios(ours: dict, hf: dict, turns: dict) -> dict:
+    out = {
+        "prefill_ours_over_transformers": ours["prefill"]["tokens_per_s"]
+        / hf["prefill"]["tokens_per_s"]
+    }
+    for c, fig in ours["decode"].items():
+        ref = hf["decode"][c]
+        out[f"decode_{c}_ours_over_transformers"] = (
+            fig["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
+        )
+        out[f"decode_{c}_e2e_ours_over_transformers"] = (
+            fig["e2e_output_tokens_per_s"] / ref["e2e_output_tokens_per_s"]
+        )
+    on, off = turns["cache_on"]["ttft_s"], turns["cache_off"]["ttft_s"]
+    out["two_turn_ttft_cache_on_over_off"] = on / off
+    out["two_turn_ttft_speedup_off_over_on"] = off / on
+    return out
+
+
+def environment(dtype: str, sizes: Sizes, quick: bool) -> dict:
+    import transformers
+
+    return {
+        "dtype": dtype,
+        "quick": quick,
+        "sizes": sizes.as_dict(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "model": str(resolve_model_path()),
+    }
+
+
+def run_bench(sizes: Sizes, dtype: str = "bfloat16", quick: bool = False) -> dict:
+    """Every measurement, as one JSON-ready dict."""
+    started = time.perf_counter()
+    log(f"loading our engine and transformers ({dtype})")
+    engine = LLMEngine(engine_config(sizes, dtype))
+    model = load_hf_model(dtype)
+    prompts = make_prompts(engine.tokenizer, sizes)
+    ours, hf = throughput(engine, model, sizes, prompts)
+    del model
+    gc.collect()
+    log("two-turn check")
+    turns = two_turn(engine, lambda: LLMEngine(engine_config(sizes, dtype, False)), sizes)
+    return {
+        "environment": environment(dtype, sizes, quick),
+        "ours": ours,
+        "transformers": hf,
+        "two_turn": turns,
+        "ratios": ratios(ours, hf, turns),
+        "total_seconds": time.perf_counter() - started,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m inference.bench", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
+    p.add_argument("--quick", action="store_true", help="smaller sizes, for a first look")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: torch's own choice, one per core)",
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = run_bench(QUICK if args.quick else FULL, args.dtype, args.quick)
+    text = json.dumps(result, indent=2)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+    print(text)
+    log(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

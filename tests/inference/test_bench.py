@@ -1,0 +1,64 @@
+"""Smoke test of the benchmark: every section runs and reports its keys.
+
+Timings are never asserted: the machine is shared and they are noise at this size.
+"""
+
+import json
+
+import pytest
+import torch
+
+from inference import bench
+from inference.bench_workloads import Sizes
+
+# The smallest workload that still walks every code path (two decode batch sizes,
+# a chat whose turn 2 can hit at least one full block).
+MICRO = Sizes(
+    prefill_prompts=2,
+    prefill_len=16,
+    decode_prompt_len=8,
+    decode_new_tokens=2,
+    decode_concurrency=(1, 2),
+    conversation_tokens=64,
+    reply_tokens=2,
+    warmup_len=4,
+    warmup_new_tokens=2,
+)
+
+
+@pytest.fixture
+def one_thread():
+    # On a busy shared machine every multi-threaded op waits for a descheduled
+    # OpenMP worker (milliseconds per op); one thread keeps this check short.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.model
+def test_bench_reports_every_figure(tmp_path, monkeypatch, one_thread):
+    monkeypatch.setattr(bench, "FULL", MICRO)
+    out = tmp_path / "engine.json"
+    # float32: emulated bf16 would only make this check slower on CPUs without it.
+    result = bench.main(["--dtype", "float32", "--out", str(out)])
+
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert result["environment"]["dtype"] == "float32"
+    for side in ("ours", "transformers"):
+        assert result[side]["prefill"]["tokens"] == 2 * 16
+        assert result[side]["prefill"]["tokens_per_s"] > 0
+        for c in ("1", "2"):
+            fig = result[side]["decode"][c]
+            assert fig["decode_tokens_per_s"] > 0 and fig["e2e_output_tokens_per_s"] > 0
+    assert result["ours"]["prefill"]["cached_tokens"] == 0
+    turns = result["two_turn"]
+    assert turns["cache_off"]["cached_tokens"] == 0
+    assert turns["cache_on"]["cached_tokens"] >= 16  # turn 1's full blocks
+    assert turns["turn2_prompt_tokens"] > turns["turn1_prompt_tokens"] + turns["reply_tokens"]
+    assert {
+        "prefill_ours_over_transformers",
+        "decode_1_ours_over_transformers",
+        "decode_2_ours_over_transformers",
+        "two_turn_ttft_cache_on_over_off",
+    } <= set(result["ratios"])
