@@ -14,6 +14,7 @@ from django.utils.html import escape
 
 WIDTH, HEIGHT = 520, 170
 LEFT, RIGHT, TOP, BOTTOM = 48, 10, 22, 22
+MAX_BRIDGED_GAP = 4  # empty buckets a line may cross
 
 
 @dataclass
@@ -32,15 +33,19 @@ def millis(v: float) -> str:
 
 
 def _segments(points: list[tuple[float, float] | None]) -> list[list[tuple[float, float]]]:
-    """Runs of consecutive points: a bucket without data breaks the line."""
-    runs, run = [], []
-    for p in points:
+    """Runs of points to join with a line. A few empty buckets are bridged (samples need not
+    fall in every bucket); a longer gap (the process was down) breaks the line."""
+    runs: list[list[tuple[float, float]]] = []
+    run: list[tuple[float, float]] = []
+    last = None
+    for i, p in enumerate(points):
         if p is None:
-            if run:
-                runs.append(run)
+            continue
+        if last is not None and i - last > MAX_BRIDGED_GAP + 1:
+            runs.append(run)
             run = []
-        else:
-            run.append(p)
+        run.append(p)
+        last = i
     if run:
         runs.append(run)
     return runs

@@ -1,0 +1,184 @@
+"""Figures, history and charts without a model: engines that report through the database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from chatapp.dashboard import history, sampling, selectors, stats
+from chatapp.dashboard.models import EngineSample, EngineStatus
+
+from .conftest import fake_snapshot
+
+
+@pytest.fixture(autouse=True)
+def no_local_engine(monkeypatch):
+    from chatapp.generation import engine as host
+
+    monkeypatch.setattr(host, "_engine", None)
+
+
+def test_quantiles():
+    assert stats.quantile([], 0.5) is None
+    assert stats.quantile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert stats.quantile([1.0, 2.0, 3.0, 4.0], 0.95) == 4.0
+    # 4 observations: 1 below 0.1, 3 in (0.1, 1.0]
+    assert stats.histogram_quantile([0.1, 1.0], [1, 4, 4], 0.25) == pytest.approx(0.1)
+    assert stats.histogram_quantile([0.1, 1.0], [1, 4, 4], 1.0) == pytest.approx(1.0)
+    assert stats.histogram_quantile([0.1, 1.0], [0, 0, 0], 0.5) is None
+    assert stats.histogram_quantile([0.1, 1.0], [0, 0, 2], 0.5) == 1.0  # only +Inf
+
+
+def test_match_cause():
+    cause = selectors.match_cause
+    assert cause(prompt=200, cached=160, block_size=16, shared_prefix=64,
+                 previous_computed=170) == (160, "full: ended at the end of the previous turn")
+    assert cause(prompt=200, cached=64, block_size=16, shared_prefix=64,
+                 previous_computed=170)[1].startswith("short: ended in the system prefix")
+    assert cause(prompt=200, cached=96, block_size=16, shared_prefix=64,
+                 previous_computed=170)[1].startswith("short: ended inside the history")
+    assert cause(prompt=100, cached=64, block_size=16, shared_prefix=64,
+                 previous_computed=None) == (64, "full: ended after the shared system prefix")
+    assert cause(prompt=100, cached=0, block_size=16, shared_prefix=64,
+                 previous_computed=None)[1].startswith("cold")
+    # A whole-prompt hit still computes the last token: 64 tokens reuse at most 48.
+    assert cause(prompt=64, cached=48, block_size=16, shared_prefix=64,
+                 previous_computed=None)[0] == 48
+
+
+@pytest.mark.django_db
+def test_several_engines_are_shown_each_and_totalled():
+    sampling.snapshot_record(snapshot=fake_snapshot("worker-1"))
+    sampling.snapshot_record(snapshot=fake_snapshot(
+        "worker-2", prefix_cache_queries=500, prefix_cache_hits=100, blocks_used=20))
+    figures = selectors.dashboard_figures()
+    assert [e["engine_id"] for e in figures["engines"]] == ["worker-1", "worker-2"]
+    total = figures["total"]
+    assert total["prefix_cache_queries"] == 1500 and total["prefix_cache_hits"] == 700
+    assert total["hit_rate"] == pytest.approx(700 / 1500)  # token-weighted, not a mean of rates
+    assert total["blocks_used"] == 30 and total["blocks_total"] == 200
+    assert total["recent"]["requests"] == 4
+    assert total["ttft"]["hit"] == {"requests": 2, "p50": 0.05, "p95": 0.05}
+    assert total["ttft"]["miss"]["p95"] == 0.5
+
+
+@pytest.mark.django_db
+def test_a_stale_engine_is_shown_but_not_totalled_nor_exported(client, settings):
+    settings.DASHBOARD_ENGINE_STALE_S = 60
+    sampling.snapshot_record(snapshot=fake_snapshot("worker-1"))
+    sampling.snapshot_record(snapshot=fake_snapshot("old"),
+                             now=timezone.now() - timedelta(minutes=5))
+    figures = selectors.dashboard_figures()
+    assert {e["engine_id"]: e["stale"] for e in figures["engines"]} == {"old": True,
+                                                                        "worker-1": False}
+    assert figures["total"]["prefix_cache_queries"] == 1000
+    text = client.get("/metrics").content.decode()
+    engines = {s.labels.get("engine") for f in text_string_to_metric_families(text)
+               for s in f.samples if f.name.startswith("prefixchat:prefix_cache")}
+    assert engines == {"worker-1"}
+
+
+@pytest.mark.django_db
+def test_history_series_are_interval_rates_summed_over_engines():
+    now = timezone.now()
+    t0 = now - timedelta(minutes=10)
+    for engine_id, scale in (("a", 1), ("b", 3)):
+        for i, (queries, hits) in enumerate([(0, 0), (100, 50), (300, 250)]):
+            sampling.snapshot_record(
+                snapshot=fake_snapshot(engine_id, prefix_cache_queries=queries * scale,
+                                       prefix_cache_hits=hits * scale),
+                now=t0 + timedelta(minutes=2 * i))
+    points = history.series(range_name="hour", now=now)
+    rates = [r for r in points["hit_rate"] if r is not None]
+    assert rates == [pytest.approx(0.5), pytest.approx(1.0)]
+    assert [u for u in points["kv_usage"] if u is not None] == [pytest.approx(0.1)] * 3
+
+
+@pytest.mark.django_db
+def test_a_restarted_engine_does_not_give_negative_rates():
+    now = timezone.now()
+    for i, (queries, hits) in enumerate([(1000, 900), (100, 20)]):
+        sampling.snapshot_record(snapshot=fake_snapshot(prefix_cache_queries=queries,
+                                                        prefix_cache_hits=hits),
+                                 now=now - timedelta(minutes=5 - 2 * i))
+    rates = [r for r in history.series(now=now)["hit_rate"] if r is not None]
+    assert rates == [pytest.approx(0.2)]
+
+
+@pytest.mark.django_db
+def test_charts_are_svg_with_points(staff_client):
+    now = timezone.now()
+    for i in range(3):
+        sampling.snapshot_record(snapshot=fake_snapshot(prefix_cache_queries=100 * i,
+                                                        prefix_cache_hits=50 * i),
+                                 now=now - timedelta(seconds=150 - 60 * i))
+    page = staff_client.get("/admin/cache/").content.decode()
+    for chart in ("chart-hit-rate", "chart-blocks", "chart-ttft"):
+        assert f'id="{chart}"' in page
+    assert "<polyline" in page and "<script src=\"http" not in page
+    day = staff_client.get("/admin/cache/?range=day").content.decode()
+    assert 'class="point"' in day and "History (last day)" in day
+
+
+@pytest.mark.django_db
+def test_old_samples_are_pruned(settings):
+    settings.DASHBOARD_RETENTION_HOURS = 1
+    now = timezone.now()
+    sampling.snapshot_record(snapshot=fake_snapshot(), now=now - timedelta(hours=2))
+    sampling.snapshot_record(snapshot=fake_snapshot(), now=now)
+    assert sampling.samples_prune(now=now) == 1
+    assert EngineSample.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_reset_for_another_process_waits_for_that_engine(staff_client):
+    sampling.snapshot_record(snapshot=fake_snapshot("worker-1"))
+    response = staff_client.post("/admin/cache/reset/worker-1/")
+    assert response.status_code == 302
+    status = EngineStatus.objects.get()
+    assert status.reset_requested_at is not None and status.reset_done_at is None
+    assert selectors.dashboard_figures()["engines"][0]["reset_pending"] is True
+
+
+@pytest.mark.django_db
+def test_the_worker_carries_out_a_requested_reset_at_its_next_sample(monkeypatch):
+    class FakeEngine:
+        resets = 0
+
+        def metrics(self):
+            return fake_snapshot("worker-1")
+
+        def reset_prefix_cache(self):
+            self.resets += 1
+
+    from chatapp.generation import engine as host
+
+    sampling.snapshot_record(snapshot=fake_snapshot("worker-1"))
+    EngineStatus.objects.update(reset_requested_at=timezone.now())
+    fake = FakeEngine()
+    monkeypatch.setattr(host, "_engine", fake)
+    assert sampling.engine_sample_local() is True
+    assert sampling.engine_sample_local() is True
+    assert fake.resets == 1  # done once, not at every sample
+    assert EngineStatus.objects.get().reset_done_at is not None
+
+
+@pytest.mark.django_db
+def test_a_failing_sample_never_raises(monkeypatch):
+    class BrokenEngine:
+        def metrics(self):
+            raise RuntimeError("boom")
+
+    from chatapp.generation import engine as host
+
+    monkeypatch.setattr(host, "_engine", BrokenEngine())
+    assert sampling.Sampler(interval=1).run_once() is False
+
+    monkeypatch.setattr(host, "_engine", type("E", (), {"metrics": lambda self: fake_snapshot()})())
+    monkeypatch.setattr(sampling.EngineSample.objects, "create",
+                        lambda **kw: (_ for _ in ()).throw(RuntimeError("db down")))
+    assert sampling.Sampler(interval=1).run_once() is False
+    assert sampling.start_sampler() is None  # interval 0 in tests: no thread
