@@ -13,7 +13,7 @@ from datetime import datetime
 from django.utils.html import escape
 
 WIDTH, HEIGHT = 520, 170
-LEFT, RIGHT, TOP, BOTTOM = 48, 10, 22, 22
+LEFT, RIGHT, TOP, BOTTOM = 56, 10, 22, 22
 MAX_BRIDGED_GAP = 4  # empty buckets a line may cross
 
 
@@ -29,7 +29,7 @@ def percent(v: float) -> str:
 
 
 def millis(v: float) -> str:
-    return f"{v * 1000:.0f} ms"
+    return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.1f} s"
 
 
 def _segments(points: list[tuple[float, float] | None]) -> list[list[tuple[float, float]]]:
