@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.db.models import Avg, Count, Sum
 from django.utils import timezone
 
@@ -41,7 +42,12 @@ def engine_reports(*, now: datetime | None = None) -> list[EngineReport]:
     local = engines.local_snapshot()
     if local is not None:
         reports.append(EngineReport(local.get("engine_id", ""), local, now, True, False))
-    statuses = {s.engine_id: s for s in EngineStatus.objects.all()}
+    try:
+        statuses = {s.engine_id: s for s in EngineStatus.objects.all()}
+    except DatabaseError:
+        # /metrics keeps exporting this process's engine while the database is away.
+        log.warning("Engine reports unreadable; showing this process's engine only", exc_info=True)
+        statuses = {}
     for engine_id, status in sorted(statuses.items()):
         pending = status.reset_requested_at is not None and (
             status.reset_done_at is None or status.reset_done_at < status.reset_requested_at

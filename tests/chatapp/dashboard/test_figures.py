@@ -182,3 +182,21 @@ def test_a_failing_sample_never_raises(monkeypatch):
                         lambda **kw: (_ for _ in ()).throw(RuntimeError("db down")))
     assert sampling.Sampler(interval=1).run_once() is False
     assert sampling.start_sampler() is None  # interval 0 in tests: no thread
+
+
+@pytest.mark.django_db
+def test_metrics_keep_the_local_engine_while_the_database_is_away(client, monkeypatch):
+    from django.db import DatabaseError
+
+    from chatapp.dashboard import engines
+
+    def unreachable():
+        raise DatabaseError("connection refused")
+
+    monkeypatch.setattr(engines, "local_snapshot", lambda: fake_snapshot("web"))
+    monkeypatch.setattr(EngineStatus.objects, "all", unreachable)
+    text = client.get("/metrics").content.decode()
+    (family,) = [f for f in text_string_to_metric_families(text)
+                 if f.name == "prefixchat:prefix_cache_hits"]
+    assert [(s.labels, s.value) for s in family.samples if s.name.endswith("_total")] == [
+        ({"engine": "web"}, 600.0)]
