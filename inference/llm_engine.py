@@ -229,6 +229,7 @@ class LLMEngine:
             "e2e": out.metrics["e2e"],
             "finish_reason": seq.finish_reason,
             "cache_salt_set": seq.cache_salt is not None,
+            "finished_at": time.time(),  # wall clock, to merge engines' lists
         })
         seqs = self.requests.get(seq.request_id, [])
         if all(s.is_finished for s in seqs):
