@@ -7,6 +7,16 @@ from rest_framework import serializers
 
 from chatapp.chat.models import Conversation, Message
 
+
+class StrictCharField(serializers.CharField):
+    """A CharField that refuses numbers and booleans instead of turning them into text."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 ORDERINGS = ("updated_at", "-updated_at", "created_at", "-created_at", "title", "-title")
 
 
@@ -48,13 +58,13 @@ class ConversationSerializer(serializers.ModelSerializer):
 
 
 class ConversationCreateSerializer(serializers.Serializer):
-    title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    preset_id = serializers.CharField(max_length=64, required=False, allow_null=True, default=None)
-    preset_version = serializers.CharField(
+    title = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    preset_id = StrictCharField(max_length=64, required=False, allow_null=True, default=None)
+    preset_version = StrictCharField(
         max_length=64, required=False, allow_null=True, default=None
     )
     variables = serializers.DictField(
-        child=serializers.CharField(max_length=4000),
+        child=StrictCharField(max_length=4000),
         required=False,
         default=dict,
         help_text="Values of the preset's variables (text).",
@@ -62,7 +72,7 @@ class ConversationCreateSerializer(serializers.Serializer):
 
 
 class ConversationRenameSerializer(serializers.Serializer):
-    title = serializers.CharField(max_length=200)
+    title = StrictCharField(max_length=200)
 
 
 class ConversationFilterSerializer(serializers.Serializer):
@@ -141,7 +151,7 @@ class MessageTreeSerializer(serializers.Serializer):
 
 
 class MessageCreateSerializer(serializers.Serializer):
-    content = serializers.CharField(max_length=16000, trim_whitespace=False)
+    content = StrictCharField(max_length=16000, trim_whitespace=False)
     parent_id = serializers.IntegerField(
         required=False, allow_null=True, default=None, min_value=1,
         help_text="The reply to continue after (default: the conversation's current leaf).",
@@ -150,6 +160,15 @@ class MessageCreateSerializer(serializers.Serializer):
         required=False, default=False,
         help_text="Stream the reply as server-sent events instead of waiting for it.",
     )
+
+
+class StreamEventSerializer(serializers.Serializer):
+    """One server-sent event of a streamed reply (`event:` and `data:` lines)."""
+
+    event = serializers.ChoiceField(
+        choices=["message.created", "message.started", "message.delta", "message.done"]
+    )
+    data = serializers.CharField(help_text="The event as JSON; its `type` repeats `event`.")
 
 
 class TurnSerializer(serializers.Serializer):

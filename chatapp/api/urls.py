@@ -1,9 +1,13 @@
 """/api/: conversations (DRF), its OpenAPI schema and docs page; /keys/: the key page."""
 
-from django.urls import path
+from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from chatapp.api import views, web
+from chatapp.api import (
+    schema,  # noqa: F401  (registers the Bearer scheme with drf-spectacular)
+    views,
+    web,
+)
 
 app_name = "api"
 
@@ -42,6 +46,8 @@ urlpatterns = [
         views.ExportMarkdownView.as_view(),
         name="export-markdown",
     ),
+    # Anything else under /api/ answers a JSON 404 (not the HTML page) in the API's shape.
+    re_path(r"^api/", views.not_found),
     path("keys/", web.keys_page, name="keys"),
     path("keys/<int:key_id>/revoke/", web.key_revoke, name="key-revoke"),
 ]

@@ -11,6 +11,12 @@ from django.http import HttpResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
+from rest_framework.decorators import (
+    api_view,
+    authentication_classes,
+    permission_classes,
+    throttle_classes,
+)
 from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -31,6 +37,7 @@ from chatapp.api.serializers import (
     MessageSerializer,
     MessageTreeSerializer,
     PresetSerializer,
+    StreamEventSerializer,
     TurnSerializer,
 )
 from chatapp.chat import selectors as chat_selectors
@@ -150,7 +157,7 @@ class MessageListView(APIView):
         responses={
             201: TurnSerializer,
             (200, "text/event-stream"): OpenApiResponse(
-                OpenApiTypes.STR,
+                StreamEventSerializer,
                 description="With `stream: true`: events message.created, message.started, "
                 "message.delta (numbered text batches) and message.done (the final message).",
             ),
@@ -252,3 +259,12 @@ class ExportMarkdownView(APIView):
         response = HttpResponse(text, content_type="text/markdown; charset=utf-8")
         response["Content-Disposition"] = f'inline; filename="conversation-{conversation.pk}.md"'
         return response
+
+
+@extend_schema(exclude=True)
+@api_view(["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
+@authentication_classes([])
+@permission_classes([])
+@throttle_classes([])
+def not_found(request: Request) -> Response:
+    return Response({"detail": "Not found.", "code": "not_found"}, status=404)

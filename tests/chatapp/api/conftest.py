@@ -5,6 +5,7 @@ users and API keys in its database (through manage.py create_api_key, as an oper
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 
 import pytest
@@ -30,25 +31,62 @@ def api_server(tmp_path_factory) -> LiveServer:
 
 
 class Accounts:
+    """Users (with a session and an empty conversation) and their API keys, made in the
+    server's database. Plain ones come from a pool seeded in one process."""
+
+    POOL = 16
+
     def __init__(self, server: LiveServer):
         self.server = server
+        self._pool: list[dict] = []
 
-    def user(self, prefix: str = "apiuser") -> dict:
-        """A new user with a browser session and one empty conversation."""
-        return self.server.seed("users", "1", f"{prefix}{next(_names)}x")[0]
+    def seed(self, *specs: dict) -> list[dict]:
+        out = subprocess.run(
+            [PYTHON, str(ROOT / "tests/chatapp/api/seed.py"), f"api{next(_names)}-",
+             json.dumps(list(specs))],
+            env=self.server.env, cwd=ROOT, capture_output=True, text=True, check=True,
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
 
-    def key(self, username: str, *extra: str) -> str:
+    def account(self, **spec) -> dict:
+        """A user with a key: {username, user_id, sessionid, conversation_id, key}."""
+        if spec:
+            return self.seed(spec)[0]
+        if not self._pool:
+            self._pool = self.seed(*[{}] * self.POOL)
+        return self._pool.pop()
+
+    def user(self) -> dict:
+        return self.account()
+
+    def user_with_key(self, **spec) -> tuple[dict, str]:
+        account = self.account(**spec)
+        return account, account["key"]
+
+    def command_key(self, username: str, *extra: str) -> str:
+        """A key made the operator's way: manage.py create_api_key."""
         out = subprocess.run(
             [PYTHON, "manage.py", "create_api_key", "--user", username, *extra],
             env=self.server.env, cwd=ROOT, capture_output=True, text=True, check=True,
         )
         return out.stdout.strip().splitlines()[-1]
 
-    def user_with_key(self, *extra: str) -> tuple[dict, str]:
-        user = self.user()
-        return user, self.key(user["username"], *extra)
-
 
 @pytest.fixture(scope="session")
 def accounts(api_server) -> Accounts:
     return Accounts(api_server)
+
+
+MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def client_for(api_server):
+    """An official `openai` client for a key (no retries: tests see every status as sent)."""
+    import openai
+
+    def make(key: str):
+        return openai.OpenAI(api_key=key, base_url=api_server.url + "/v1", max_retries=0,
+                             timeout=300)
+
+    return make
