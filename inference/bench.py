@@ -1,6 +1,7 @@
 """Benchmark: our engine against transformers on the same weights and prompts.
 
-    python -m inference.bench [--quick] [--dtype bfloat16|float32] [--out PATH] [--threads N]
+    python -m inference.bench [--quick] [--dtype bfloat16|float32] [--out PATH]
+                               [--threads N] [--model PATH]
 
 Prints one JSON document and writes it (default bench-results/engine.json):
 prefill tokens/s, decode tokens/s at 1 and 32 concurrent sequences, each for
@@ -33,7 +34,7 @@ from inference.bench_workloads import (
     chat_prompt_ids,
     next_turn_ids,
 )
-from inference.config import EngineConfig
+from inference.config import DEFAULT_MODEL, EngineConfig
 from inference.llm_engine import LLMEngine
 from inference.loader import resolve_model_path
 from inference.sampling_params import SamplingParams
@@ -70,7 +71,9 @@ def make_prompts(tokenizer, sizes: Sizes) -> Prompts:
     )
 
 
-def engine_config(sizes: Sizes, dtype: str, prefix_caching: bool = True) -> EngineConfig:
+def engine_config(
+    sizes: Sizes, dtype: str, model: str = DEFAULT_MODEL, prefix_caching: bool = True
+) -> EngineConfig:
     """A pool and step budget large enough that nothing is chunked or preempted:
     the numbers then measure the forward, not the scheduler's fallbacks."""
     max_c = max(sizes.decode_concurrency)
@@ -88,6 +91,7 @@ def engine_config(sizes: Sizes, dtype: str, prefix_caching: bool = True) -> Engi
     )
     max_seqs = max(sizes.prefill_prompts, max_c)
     return EngineConfig(
+        model=model,
         dtype=dtype,
         num_blocks=2 * (live_tokens // EngineConfig.block_size + max_seqs) + 64,
         max_num_batched_tokens=step_tokens,
@@ -194,14 +198,14 @@ class StepClock:
         pass
 
 
-def load_hf_model(dtype: str):
+def load_hf_model(model: str, dtype: str):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # generate() warns about sampling fields we don't use
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(), dtype=getattr(torch, dtype))
-    return model.eval()
+    path = resolve_model_path(model)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -327,6 +331,8 @@ def throughput(engine: LLMEngine, model, sizes: Sizes, prompts: Prompts) -> tupl
         hf_fig, hf_ids = hf_decode(model, *args, n, warm, pad_id)
         ours_fig["greedy_match_vs_transformers"] = match_fraction(ours_ids, hf_ids)
         ours["decode"][str(c)], hf["decode"][str(c)] = ours_fig, hf_fig
+    # Must be 0: the pool is sized so that no sequence is recomputed.
+    ours["preemptions"] = engine.scheduler.num_preemptions
     return ours, hf
 
 
@@ -349,7 +355,7 @@ def ratios(ours: dict, hf: dict, turns: dict) -> dict:
     return out
 
 
-def environment(dtype: str, sizes: Sizes, quick: bool) -> dict:
+def environment(dtype: str, sizes: Sizes, quick: bool, model: str) -> dict:
     import transformers
 
     return {
@@ -361,24 +367,26 @@ def environment(dtype: str, sizes: Sizes, quick: bool) -> dict:
         "transformers": transformers.__version__,
         "torch_threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
-        "model": str(resolve_model_path()),
+        "model": str(resolve_model_path(model)),
     }
 
 
-def run_bench(sizes: Sizes, dtype: str = "bfloat16", quick: bool = False) -> dict:
+def run_bench(
+    sizes: Sizes, dtype: str = "bfloat16", quick: bool = False, model: str = DEFAULT_MODEL
+) -> dict:
     """Every measurement, as one JSON-ready dict."""
     started = time.perf_counter()
     log(f"loading our engine and transformers ({dtype})")
-    engine = LLMEngine(engine_config(sizes, dtype))
-    model = load_hf_model(dtype)
+    engine = LLMEngine(engine_config(sizes, dtype, model))
+    hf_model = load_hf_model(model, dtype)
     prompts = make_prompts(engine.tokenizer, sizes)
-    ours, hf = throughput(engine, model, sizes, prompts)
-    del model
+    ours, hf = throughput(engine, hf_model, sizes, prompts)
+    del hf_model
     gc.collect()
     log("two-turn check")
-    turns = two_turn(engine, lambda: LLMEngine(engine_config(sizes, dtype, False)), sizes)
+    turns = two_turn(engine, lambda: LLMEngine(engine_config(sizes, dtype, model, False)), sizes)
     return {
-        "environment": environment(dtype, sizes, quick),
+        "environment": environment(dtype, sizes, quick, model),
         "ours": ours,
         "transformers": hf,
         "two_turn": turns,
@@ -393,6 +401,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL, help="the default SmolLM2 or a local Hugging Face folder"
+    )
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a first look")
     p.add_argument(
         "--threads",
@@ -407,7 +418,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = run_bench(QUICK if args.quick else FULL, args.dtype, args.quick)
+    result = run_bench(QUICK if args.quick else FULL, args.dtype, args.quick, args.model)
     text = json.dumps(result, indent=2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text + "\n")

@@ -1,6 +1,7 @@
 """Smoke test of the benchmark: every section runs and reports its keys.
 
-Timings are never asserted: the machine is shared and they are noise at this size.
+It runs on the 2-layer random model of conftest.py (SmolLM2's tokenizer and chat
+template), so it takes seconds. Timings are never asserted: they are noise here.
 """
 
 import json
@@ -11,8 +12,8 @@ import torch
 from inference import bench
 from inference.bench_workloads import Sizes
 
-# The smallest workload that still walks every code path (two decode batch sizes,
-# a chat whose turn 2 can hit at least one full block).
+# The smallest workload that still walks every code path: two decode batch sizes,
+# and a chat whose turn 2 can hit turn 1's full blocks.
 MICRO = Sizes(
     prefill_prompts=2,
     prefill_len=16,
@@ -36,15 +37,14 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.mark.model
-def test_bench_reports_every_figure(tmp_path, monkeypatch, one_thread):
+def test_bench_reports_every_figure(tiny_model, tmp_path, monkeypatch, one_thread):
     monkeypatch.setattr(bench, "FULL", MICRO)
     out = tmp_path / "engine.json"
-    # float32: emulated bf16 would only make this check slower on CPUs without it.
-    result = bench.main(["--dtype", "float32", "--out", str(out)])
+    result = bench.main(["--model", str(tiny_model), "--dtype", "float32", "--out", str(out)])
 
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
-    assert result["environment"]["dtype"] == "float32"
+    env = result["environment"]
+    assert env["dtype"] == "float32" and env["model"] == str(tiny_model)
     for side in ("ours", "transformers"):
         assert result[side]["prefill"]["tokens"] == 2 * 16
         assert result[side]["prefill"]["tokens_per_s"] > 0
@@ -52,6 +52,8 @@ def test_bench_reports_every_figure(tmp_path, monkeypatch, one_thread):
             fig = result[side]["decode"][c]
             assert fig["decode_tokens_per_s"] > 0 and fig["e2e_output_tokens_per_s"] > 0
     assert result["ours"]["prefill"]["cached_tokens"] == 0
+    assert result["ours"]["preemptions"] == 0
+    assert 0 <= result["ours"]["decode"]["2"]["greedy_match_vs_transformers"] <= 1
     turns = result["two_turn"]
     assert turns["cache_off"]["cached_tokens"] == 0
     assert turns["cache_on"]["cached_tokens"] >= 16  # turn 1's full blocks
@@ -60,5 +62,6 @@ def test_bench_reports_every_figure(tmp_path, monkeypatch, one_thread):
         "prefill_ours_over_transformers",
         "decode_1_ours_over_transformers",
         "decode_2_ours_over_transformers",
+        "decode_2_e2e_ours_over_transformers",
         "two_turn_ttft_cache_on_over_off",
     } <= set(result["ratios"])
