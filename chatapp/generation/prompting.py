@@ -114,7 +114,7 @@ def build_reply_prompt(
     except PromptError as exc:
         raise PromptFailure(_sentence(str(exc))) from exc
     try:
-        record_prompt(plan)
+        record_prompt(plan, label=f"chat c{conversation.pk} u{history[-1].pk}")
     except Exception:  # the profile is a diagnostic; a reply never fails for it
         log.debug("record_prompt failed", exc_info=True)
     stop_ids = set(builder.stop_token_ids)

@@ -40,6 +40,10 @@ class PreparedReply:
     prompt: prompting.ReplyPrompt
 
 
+class _StoppedEarly(Exception):
+    pass
+
+
 class ReplyFailed(Exception):
     """A reply that cannot be generated, for a reason the user can act on."""
 
@@ -188,8 +192,9 @@ async def _run_reply(reply_id: int) -> dict:
     batcher = DeltaBatcher(settings.CHAT_STREAM_BATCH_TOKENS, settings.CHAT_STREAM_FLUSH_S)
     last = None
     error = ""
-    cancelled = False
     try:
+        if reply_id in _stop_requested:
+            raise _StoppedEarly  # stopped while the prompt was being built
         async for out in engine.generate(
             prompt.token_ids, params, request_id=reply.request_id, cache_salt=prompt.cache_salt
         ):
@@ -204,9 +209,10 @@ async def _run_reply(reply_id: int) -> dict:
                 seq, text = batcher.take()
                 await publish(group, {"type": "message.delta", "message_id": reply_id,
                                       "seq": seq, "text": text})
+    except _StoppedEarly:
+        pass  # recorded as stopped below, with no tokens
     except asyncio.CancelledError:
-        cancelled = True
-        engine.abort(reply.request_id)
+        engine.abort(reply.request_id)  # recorded as stopped below, with its partial text
     except InvalidRequestError as exc:
         error = str(exc)
     except Exception:
@@ -218,14 +224,14 @@ async def _run_reply(reply_id: int) -> dict:
         await publish(group, {"type": "message.delta", "message_id": reply_id,
                               "seq": seq, "text": text})
 
-    fields = _final_fields(prompt, last, error=error, cancelled=cancelled)
+    fields = _final_fields(prompt, last, error=error)
     final = await database_sync_to_async(_finish)(reply_id, **fields)
     await publish(group, {"type": "message.done", "message_id": reply_id,
                           "seq": batcher.seq + 1, "message": final})
     return final
 
 
-def _final_fields(prompt: prompting.ReplyPrompt, last, *, error: str, cancelled: bool) -> dict:
+def _final_fields(prompt: prompting.ReplyPrompt, last, *, error: str) -> dict:
     generated = list(last.token_ids) if last is not None else []
     reason = last.finish_reason if last is not None and last.finished else None
     if error or reason == "error":

@@ -17,6 +17,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "artifacts"
 PYTHON = sys.executable
@@ -101,3 +103,17 @@ def stop_live_server(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture(scope="session")
+def live_server(tmp_path_factory):
+    """One live server for the browser and load tests (the model loads once)."""
+    live, proc = start_live_server(
+        tmp_path_factory.mktemp("live"), "live",
+        # Room for a long reply to stop; the other prompts ask for short answers.
+        CHAT_MAX_NEW_TOKENS="64",
+        # Long enough to overflow the model's context: the way to make generation fail.
+        MAX_USER_MESSAGE_CHARS="60000",
+    )
+    yield live
+    stop_live_server(proc)

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from .conftest import ARTIFACTS, start_live_server, stop_live_server
+from .conftest import ARTIFACTS
 
 pytestmark = pytest.mark.model
 
@@ -27,17 +27,9 @@ XSS = (
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    # Room for a long reply to stop; the other prompts ask for short answers.
-    live, proc = start_live_server(
-        tmp_path_factory.mktemp("browser"), "browser",
-        CHAT_MAX_NEW_TOKENS="96",
-        # Long enough to overflow the model's context: the way to make generation fail.
-        MAX_USER_MESSAGE_CHARS="60000",
-    )
-    live.user = live.seed("users", "1", "walker", PASSWORD)[0]
-    yield live
-    stop_live_server(proc)
+def server(live_server):
+    live_server.user = live_server.seed("users", "1", "walker", PASSWORD)[0]
+    return live_server
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +143,7 @@ def test_chat_streams_reuses_the_cache_and_stops(page, server):
     assert page.locator("#send").is_visible() and not page.locator("#stop").is_visible()
     saved = stored(server, page, conversation_id)["messages"]
     assert [m["status"] for m in saved if m["role"] == "assistant"] == ["done", "done", "stopped"]
-    assert saved[-1]["usage"]["completion_tokens"] < 96
+    assert saved[-1]["usage"]["completion_tokens"] < 64
 
 
 def test_regenerate_and_edit_make_branches_to_switch_between(page, server):

@@ -11,8 +11,6 @@ import urllib.request
 import pytest
 from websockets.asyncio.client import connect
 
-from .conftest import start_live_server, stop_live_server
-
 pytestmark = pytest.mark.model
 
 CLIENTS = 30
@@ -20,12 +18,8 @@ RECEIVE_TIMEOUT = 300  # bounds a hung test only
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    live, proc = start_live_server(
-        tmp_path_factory.mktemp("load"), "load", CHAT_MAX_NEW_TOKENS="8"
-    )
-    yield live
-    stop_live_server(proc)
+def server(live_server):
+    return live_server
 
 
 async def one_client(server, client: dict, index: int) -> dict:

@@ -1,0 +1,115 @@
+"""The generation service on its own: the real engine, the real database, the real
+channel layer (no consumer in between)."""
+
+import asyncio
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from chatapp.chat import services
+from chatapp.chat.models import Message
+from chatapp.generation import services as generation
+from chatapp.generation.engine import get_engine
+from chatapp.prompts.profile import recent_prompts
+from chatapp.prompts.services import PromptBuilder
+
+pytestmark = [pytest.mark.model, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def small_replies(settings):
+    settings.CHAT_MAX_NEW_TOKENS = 10
+    settings.CHAT_TEMPERATURE = 0.0
+    settings.CHAT_STREAM_BATCH_TOKENS = 3
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_user("alice", password="x-pass-123")
+
+
+send = database_sync_to_async(services.message_send)
+
+
+@database_sync_to_async
+def reload(message):
+    return Message.objects.get(pk=message.pk)
+
+
+def recorded_prompt(conversation, user_msg):
+    label = f"chat c{conversation.pk} u{user_msg.pk}"
+    return [list(p.token_ids) for p in recent_prompts() if p.label == label][-1]
+
+
+async def test_each_turn_extends_the_last_token_for_token(alice):
+    conv = await database_sync_to_async(services.conversation_create)(owner=alice)
+    turns = []
+    for text in ["Name a planet.", "Name a star.", "Name a moon."]:
+        user_msg, reply = await send(conversation=conv, content=text)
+        final = await generation.run_reply(reply.pk)
+        assert final["status"] == "done"
+        turns.append((user_msg, await reload(reply)))
+
+    prompts = [recorded_prompt(conv, u) for u, _ in turns]
+    tokenizer = get_engine().tokenizer
+    header = len(PromptBuilder(tokenizer, block_size=16).generation_prompt())
+    for (_, reply), before, after in zip(turns, prompts, prompts[1:], strict=False):
+        assert after[: len(before)] == before
+        # The reply enters the next prompt as exactly the ids the engine generated...
+        generated = [t for t in reply.generated_token_ids if t not in tokenizer.all_special_ids]
+        assert after[len(before): len(before) + len(generated)] == generated
+        # ...inside the segment stored with it (its header ended the previous prompt).
+        start = len(before) - header
+        assert after[start: start + len(reply.token_ids)] == reply.token_ids
+    last = turns[-1][1]
+    assert last.cached_tokens >= (len(prompts[1]) // 16) * 16
+
+
+async def test_events_reach_the_group_in_order_with_the_final_usage(alice):
+    conv = await database_sync_to_async(services.conversation_create)(owner=alice)
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(conv.group_name, channel)
+    _, reply = await send(conversation=conv, content="Say something nice.")
+    final = await generation.run_reply(reply.pk)
+
+    events = []
+    while not events or events[-1]["type"] != "message.done":
+        events.append((await asyncio.wait_for(layer.receive(channel), 60))["event"])
+    assert events[0] == {"type": "message.started", "message_id": reply.pk,
+                         "prompt_tokens": final["usage"]["prompt_tokens"]}
+    deltas = [e for e in events if e["type"] == "message.delta"]
+    assert [d["seq"] for d in deltas] == list(range(1, len(deltas) + 1))
+    assert events[-1]["seq"] == len(deltas) + 1 and events[-1]["message"] == final
+    assert "".join(d["text"] for d in deltas) == final["content"]
+    await layer.group_discard(conv.group_name, channel)
+
+
+async def test_a_stop_before_the_first_token_ends_the_reply_as_stopped(alice):
+    conv = await database_sync_to_async(services.conversation_create)(owner=alice)
+    _, reply = await send(conversation=conv, content="Tell me a long story.")
+    task = asyncio.create_task(generation.run_reply(reply.pk))
+    await asyncio.sleep(0)  # let the task start (and register as running)
+    generation.stop_reply(reply.pk)
+    final = await task
+    assert final["status"] == "stopped" and final["finish_reason"] == "abort"
+    stored = await reload(reply)
+    assert stored.status == "stopped" and len(stored.generated_token_ids) <= 1
+    metrics = get_engine().metrics()
+    assert metrics["num_running"] == 0 and metrics["blocks_used"] == 0
+    # The conversation is free again.
+    _, nxt = await send(conversation=conv, content="Short, then.")
+    assert (await generation.run_reply(nxt.pk))["status"] == "done"
+
+
+def test_deltas_are_batched_by_token_count():
+    batcher = generation.DeltaBatcher(batch_tokens=3, flush_s=float("inf"))
+    batcher.add("a", 1)
+    batcher.add("b", 1)
+    assert not batcher.due()
+    batcher.add("c", 1)
+    assert batcher.due() and batcher.take() == (1, "abc")
+    assert not batcher.due()
+    batcher.add("", 1)
+    assert not batcher.due()  # nothing visible to send yet
