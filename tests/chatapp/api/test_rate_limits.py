@@ -20,12 +20,23 @@ LONG = {
 }
 
 
+def _metric(server, name: str) -> float:
+    """Sum of a metric's samples on /metrics (Prometheus text)."""
+    text = httpx.get(server.url + "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(f"prefixchat:{name}{{") or line.startswith(f"prefixchat:{name} "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def test_concurrent_generations_and_disconnect(api_server, accounts):
     _, key = accounts.user_with_key(concurrent=1)
     _, other = accounts.user_with_key()
     url = api_server.url + "/v1/chat/completions"
     short = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
+    generated_before = _metric(api_server, "generation_tokens_total")
     with httpx.Client(timeout=300) as client:
         with client.stream("POST", url, json=LONG,
                            headers={"Authorization": f"Bearer {key}"}) as running:
@@ -50,3 +61,12 @@ def test_concurrent_generations_and_disconnect(api_server, accounts):
                 break
             time.sleep(0.5)
         assert again.status_code == 200, again.text
+    # The engine request was aborted, not left to run: nothing is running any more, and far
+    # fewer than the 400 tokens asked for were generated (counting won't end by itself).
+    for _ in range(120):
+        if _metric(api_server, "num_requests_running") == 0:
+            break
+        time.sleep(0.5)
+    assert _metric(api_server, "num_requests_running") == 0
+    generated = _metric(api_server, "generation_tokens_total") - generated_before
+    assert 1 <= generated < 400  # (at least one: the metric is really there)
