@@ -93,6 +93,16 @@ DATABASES = {
         default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=0
     )
 }
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # Many sockets write at once under ASGI. A deferred transaction that reads and then
+    # writes fails at once with "database is locked" when another connection writes;
+    # IMMEDIATE takes the write lock up front and waits (timeout) instead, and WAL lets
+    # readers go on meanwhile.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        transaction_mode="IMMEDIATE",
+        timeout=30,
+        init_command="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
