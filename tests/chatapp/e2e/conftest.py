@@ -106,7 +106,7 @@ def stop_live_server(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="session")
-def live_server(tmp_path_factory):
+def chat_server(tmp_path_factory):
     """One live server for the browser and load tests (the model loads once)."""
     live, proc = start_live_server(
         tmp_path_factory.mktemp("live"), "live",

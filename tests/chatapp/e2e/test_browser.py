@@ -27,9 +27,9 @@ XSS = (
 
 
 @pytest.fixture(scope="module")
-def server(live_server):
-    live_server.user = live_server.seed("users", "1", "walker", PASSWORD)[0]
-    return live_server
+def server(chat_server):
+    chat_server.user = chat_server.seed("users", "1", "walker", PASSWORD)[0]
+    return chat_server
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ RECEIVE_TIMEOUT = 300  # bounds a hung test only
 
 
 @pytest.fixture(scope="module")
-def server(live_server):
-    return live_server
+def server(chat_server):
+    return chat_server
 
 
 async def one_client(server, client: dict, index: int) -> dict:
