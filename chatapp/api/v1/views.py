@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -42,6 +43,15 @@ async def _authorize(request: HttpRequest) -> ApiKey:
     return key
 
 
+def _body(request: HttpRequest) -> bytes:
+    try:
+        return request.body
+    except RequestDataTooBig:
+        raise OpenAIError(
+            413, "The request body is too large.", code="request_too_large"
+        ) from None
+
+
 def _method_not_allowed(allowed: str) -> JsonResponse:
     resp = OpenAIError(405, f"Method not allowed; use {allowed}.", code="method_not_allowed")
     out = resp.response()
@@ -56,7 +66,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     slot: Slot | None = None
     try:
         key = await _authorize(request)
-        req = parse_completion_request(parse_json(request.body))
+        req = parse_completion_request(parse_json(_body(request)))
         completions.check_model(req.model)
         try:
             slot = limiter.acquire(key)

@@ -147,6 +147,11 @@ def test_malformed_body(post, raw):
     assert_error(post(None, raw=raw), 400, type_="invalid_request_error")
 
 
+def test_body_too_large(post):
+    huge = b'{"model": "x", "messages": [], "pad": "' + b"x" * 3_000_000 + b'"}'
+    assert_error(post(None, raw=huge), 413, code="request_too_large")
+
+
 def test_context_length_exceeded(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=100_000)
