@@ -44,6 +44,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     hash_algorithm: str = "sha256"  # or "xxhash" where installed
     seed: int = 0
+    # torch CPU threads for this process (None: torch's default). On a small shared
+    # machine 1 avoids waiting for descheduled worker threads on every small op.
+    num_threads: int | None = None
     model_cache_dir: str | None = None
     # Label used for metrics and the dashboard ("web", "worker@host").
     engine_id: str = "embedded"

@@ -69,6 +69,7 @@ class KVCacheManager:
         self.pool.touch(hits)
         seq.block_table = [b.block_id for b in hits]
         seq.num_computed_tokens = len(hits) * self.block_size
+        seq.num_cached_blocks = len(hits)
         self.prefix_cache_queries += seq.num_tokens
         self.prefix_cache_hits += seq.num_computed_tokens
         self.grow(seq, num_new_tokens)
@@ -94,13 +95,15 @@ class KVCacheManager:
         self.update_block_hashes(seq)
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_hashes), len(seq.block_table))
-        for i in range(full):
+        # Blocks before num_cached_blocks were registered in an earlier step.
+        for i in range(seq.num_cached_blocks, full):
             block = self.pool.blocks[seq.block_table[i]]
-            if block.block_hash is None:
-                self.pool.cache_block(block, seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs])
+            self.pool.cache_block(block, seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs])
+        seq.num_cached_blocks = max(seq.num_cached_blocks, full)
 
     def free(self, seq: Sequence) -> None:
         """Release a sequence's blocks, tail first (see BlockPool.free)."""
         self.pool.free(self.pool.blocks[i] for i in reversed(seq.block_table))
         seq.block_table = []
         seq.num_computed_tokens = 0
+        seq.num_cached_blocks = 0

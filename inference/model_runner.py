@@ -28,6 +28,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model_config, state_dict: dict[str, torch.Tensor]):
         self.config = config
         self.device = torch.device(config.device)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
         self.dtype = config.torch_dtype
         self.block_size = config.block_size
         with torch.device(self.device):

@@ -38,6 +38,8 @@ class Sequence:
         self.block_table: list[int] = []
         # Chained hashes of the full blocks of token_ids, computed as blocks fill.
         self.block_hashes: list[bytes] = []
+        # How many leading blocks of block_table are registered in the prefix cache.
+        self.num_cached_blocks = 0
         self.num_computed_tokens = 0
         # Prompt tokens served from the prefix cache at first admission.
         self.num_cached_tokens: int | None = None
