@@ -28,7 +28,10 @@ test: install
 	# The browser tests drive Debian's Chromium (Playwright never downloads a browser here).
 	test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	# In the test process nothing loads the model or samples the dashboard behind the
+	# tests' backs (live servers set their own values); one torch thread per process
+	# keeps pytest and its live servers from fighting over two cores.
+	LLM_PRELOAD=0 DASHBOARD_SAMPLE_INTERVAL_S=0 OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
