@@ -109,6 +109,12 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await handler(self, data)
         except ChatError as exc:
             await self.send_error(exc.code, exc.message, kind)
+        except Exception:
+            # Not the user's doing: log it, tell the client plainly, keep the socket open.
+            log.exception("Handling %r on conversation %s failed", kind, self.conversation.pk)
+            await self.send_error(
+                "internal_error", "The server could not handle that; please try again.", kind
+            )
 
     async def on_send(self, data: dict) -> None:
         user_msg, reply = await database_sync_to_async(services.message_send)(
