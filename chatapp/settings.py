@@ -1,6 +1,7 @@
 """Settings from environment variables with safe defaults (SQLite, in-memory channel layer)."""
 
 import os
+import socket
 from pathlib import Path
 
 import dj_database_url
@@ -133,6 +134,9 @@ LLM_DEVICE = os.environ.get("LLM_DEVICE", "cpu")
 LLM_DTYPE = os.environ.get("LLM_DTYPE", "auto")
 LLM_BLOCK_SIZE = int(os.environ.get("LLM_BLOCK_SIZE", "16"))
 LLM_MODEL_CACHE = os.environ.get("PREFIXCHAT_MODEL_CACHE") or None
+# How this process's engine is named on the dashboard and in /metrics; give each server
+# process on one host its own (e.g. web-1, web-2).
+LLM_ENGINE_ID = os.environ.get("LLM_ENGINE_ID") or f"web@{socket.gethostname()}"
 
 # Chat service.
 LOGIN_URL = "login"
