@@ -77,6 +77,7 @@ def server(tmp_path_factory):
     live, proc = start_live_server(
         tmp_path_factory.mktemp("dashboard"), "dashboard",
         CHAT_MAX_NEW_TOKENS="8", DASHBOARD_SAMPLE_INTERVAL_S="1",
+        LLM_PRELOAD="1",  # the page is opened before any chat: the engine must load itself
     )
     subprocess.run([PYTHON, "manage.py", "ensure_admin"], cwd=ROOT, check=True,
                    capture_output=True,
