@@ -43,7 +43,6 @@ class EngineConfig:
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
     hash_algorithm: str = "sha256"  # or "xxhash" where installed
-    seed: int = 0
     # torch CPU threads for this process (None: torch's default). On a small shared
     # machine 1 avoids waiting for descheduled worker threads on every small op.
     num_threads: int | None = None

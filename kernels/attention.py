@@ -9,10 +9,22 @@ These are the oracle for faster kernels and the CPU path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass
+class DecodeBatch:
+    """Single-token queries gathered for one padded attention call."""
+
+    rows: list[int]  # which sequences
+    token_idx: torch.Tensor  # [B] their query tokens in the flat batch
+    tables: torch.Tensor  # [B, max_blocks] their block tables, cut to the longest context
+    max_len: int
+    mask: torch.Tensor  # [B, 1, 1, max_len] True where a key lies inside the context
 
 
 @dataclass
@@ -21,17 +33,59 @@ class AttentionMetadata:
 
     Sequences are ordered: those with several query tokens (prefill chunks) and
     those with one (decode) may be mixed; `query_lens` says which is which.
+    Index tensors and masks derived from it are built once per step and shared
+    by every layer.
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64, -1 = skip
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int64, padded with 0
     query_start_loc: list[int]  # len num_seqs + 1, offsets into the token batch
     seq_lens: list[int]  # context length per sequence after this step (cached + new)
+    _derived: dict = field(default_factory=dict, repr=False, compare=False)
 
-    @property
+    @cached_property
     def query_lens(self) -> list[int]:
         q = self.query_start_loc
         return [q[i + 1] - q[i] for i in range(len(q) - 1)]
+
+    def decode_batch(self, block_size: int) -> DecodeBatch | None:
+        """The decode rows batched together; None when fewer than two."""
+        key = ("decode", block_size)
+        if key not in self._derived:
+            self._derived[key] = self._build_decode_batch(block_size)
+        return self._derived[key]
+
+    def _build_decode_batch(self, block_size: int) -> DecodeBatch | None:
+        rows = [i for i, n in enumerate(self.query_lens) if n == 1]
+        if len(rows) < 2:
+            return None
+        device = self.block_tables.device
+        lens = [self.seq_lens[i] for i in rows]
+        max_len = max(lens)
+        max_blocks = (max_len + block_size - 1) // block_size
+        idx = torch.tensor(rows, device=device)
+        lens_t = torch.tensor(lens, device=device)
+        mask = torch.arange(max_len, device=device)[None, :] < lens_t[:, None]
+        return DecodeBatch(
+            rows=rows,
+            token_idx=torch.tensor([self.query_start_loc[i] for i in rows], device=device),
+            tables=self.block_tables.index_select(0, idx)[:, :max_blocks],
+            max_len=max_len,
+            mask=mask[:, None, None, :],
+        )
+
+    def prefix_causal_mask(self, i: int) -> torch.Tensor | None:
+        """Mask for sequence i's queries over its cached context plus themselves;
+        None when nothing is cached (plain causal attention)."""
+        n, length = self.query_lens[i], self.seq_lens[i]
+        if n == length:
+            return None
+        key = ("mask", i)
+        if key not in self._derived:
+            device = self.block_tables.device
+            q_pos = torch.arange(length - n, length, device=device)
+            self._derived[key] = torch.arange(length, device=device)[None, :] <= q_pos[:, None]
+        return self._derived[key]
 
 
 def store_kvcache(
@@ -74,28 +128,23 @@ def paged_attention(
     Grouped-query attention: num_heads is a multiple of the cache's kv heads.
     """
     out = torch.empty_like(query)
-    qlens = meta.query_lens
-    decode_rows = [i for i, n in enumerate(qlens) if n == 1]
-    for i, n in enumerate(qlens):
-        if n == 1 and len(decode_rows) > 1:
-            continue  # batched below
+    decode = meta.decode_batch(k_cache.shape[1])
+    batched = set(decode.rows) if decode else set()
+    for i, n in enumerate(meta.query_lens):
+        if i in batched:
+            continue
         start, length = meta.query_start_loc[i], meta.seq_lens[i]
         q = query[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         k = gather_kv(k_cache, meta.block_tables[i], length).transpose(0, 1).unsqueeze(0)
         v = gather_kv(v_cache, meta.block_tables[i], length).transpose(0, 1).unsqueeze(0)
-        if n == length:
-            mask = None
-            causal = n > 1
-        else:
-            q_pos = torch.arange(length - n, length, device=query.device)
-            mask = torch.arange(length, device=query.device)[None, :] <= q_pos[:, None]
-            causal = False
+        mask = meta.prefix_causal_mask(i)
         o = F.scaled_dot_product_attention(
-            q.to(k.dtype), k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
+            q.to(k.dtype), k, v, attn_mask=mask, is_causal=mask is None and n > 1,
+            scale=scale, enable_gqa=True,
         )
         out[start : start + n] = o[0].transpose(0, 1).to(out.dtype)
-    if len(decode_rows) > 1:
-        _batched_decode(query, k_cache, v_cache, meta, decode_rows, scale, out)
+    if decode:
+        _batched_decode(query, k_cache, v_cache, decode, scale, out)
     return out
 
 
@@ -103,31 +152,17 @@ def _batched_decode(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    rows: list[int],
+    d: DecodeBatch,
     scale: float,
     out: torch.Tensor,
 ) -> None:
     """One attention call for all single-token queries, padded to the longest context."""
-    block_size = k_cache.shape[1]
-    lens = [meta.seq_lens[i] for i in rows]
-    max_len = max(lens)
-    max_blocks = (max_len + block_size - 1) // block_size
-    idx = torch.tensor(rows, device=query.device)
-    tables = meta.block_tables.index_select(0, idx)[:, :max_blocks]  # [B, nb]
-    b = len(rows)
-    k = k_cache[tables].reshape(b, max_blocks * block_size, *k_cache.shape[2:])[:, :max_len]
-    v = v_cache[tables].reshape(b, max_blocks * block_size, *v_cache.shape[2:])[:, :max_len]
-    lens_t = torch.tensor(lens, device=query.device)
-    mask = torch.arange(max_len, device=query.device)[None, :] < lens_t[:, None]  # [B, L]
-    token_idx = torch.tensor([meta.query_start_loc[i] for i in rows], device=query.device)
-    q = query.index_select(0, token_idx).unsqueeze(2)  # [B, H, 1, D]
+    b, nb = d.tables.shape
+    k = k_cache[d.tables].reshape(b, nb * k_cache.shape[1], *k_cache.shape[2:])[:, : d.max_len]
+    v = v_cache[d.tables].reshape(b, nb * v_cache.shape[1], *v_cache.shape[2:])[:, : d.max_len]
+    q = query.index_select(0, d.token_idx).unsqueeze(2)  # [B, H, 1, D]
     o = F.scaled_dot_product_attention(
-        q.to(k.dtype),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
-        attn_mask=mask[:, None, None, :],
-        scale=scale,
-        enable_gqa=True,
+        q.to(k.dtype), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=d.mask, scale=scale, enable_gqa=True,
     )
-    out.index_copy_(0, token_idx, o[:, :, 0].to(out.dtype))
+    out.index_copy_(0, d.token_idx, o[:, :, 0].to(out.dtype))
