@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from chatapp.chat.models import Conversation, Message
+from chatapp.chat.serializers import usage_dict
 
 
 class StrictCharField(serializers.CharField):
@@ -123,14 +124,7 @@ class MessageSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(UsageSerializer(allow_null=True))
     def get_usage(self, obj: Message) -> dict | None:
-        if obj.role != Message.Role.ASSISTANT or obj.prompt_tokens is None:
-            return None
-        return {
-            "prompt_tokens": obj.prompt_tokens,
-            "cached_tokens": obj.cached_tokens or 0,
-            "completion_tokens": obj.completion_tokens or 0,
-            "ttft_ms": None if obj.ttft is None else round(obj.ttft * 1000, 1),
-        }
+        return usage_dict(obj)
 
     def get_token_count(self, obj: Message) -> int:
         """Ids this message contributes to later prompts (its whole turn, markers included)."""

@@ -7,13 +7,3 @@ def small_replies(settings):
     settings.CHAT_MAX_NEW_TOKENS = 12
     settings.CHAT_TEMPERATURE = 0.0
     settings.CHAT_STREAM_BATCH_TOKENS = 4
-
-
-@pytest.fixture
-def alice(django_user_model):
-    return django_user_model.objects.create_user("alice", password="alice-pass-123")
-
-
-@pytest.fixture
-def bob(django_user_model):
-    return django_user_model.objects.create_user("bob", password="bob-pass-123")

@@ -24,11 +24,6 @@ def small_replies(settings):
     settings.CHAT_STREAM_BATCH_TOKENS = 3
 
 
-@pytest.fixture
-def alice(django_user_model):
-    return django_user_model.objects.create_user("alice", password="x-pass-123")
-
-
 send = database_sync_to_async(services.message_send)
 
 
