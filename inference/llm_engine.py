@@ -201,7 +201,7 @@ class LLMEngine:
             index=seq.index,
             text_delta=delta,
             new_token_ids=new_ids,
-            token_ids=list(out_ids),
+            token_ids=out_ids,  # output_token_ids is already a fresh list
             text=seq.text[:visible],
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
