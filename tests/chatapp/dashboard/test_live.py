@@ -15,10 +15,10 @@ import pytest
 
 from ..e2e.conftest import (
     ARTIFACTS,
-    DAPHNE,
     PYTHON,
     ROOT,
     _free_port,
+    spawn_daphne,
     start_live_server,
     stop_live_server,
 )
@@ -48,12 +48,7 @@ def test_readyz_is_unready_while_the_database_is_unreachable(tmp_path):
            "DASHBOARD_SAMPLE_INTERVAL_S": "0"}
     env.pop("REDIS_URL", None)
     log = ARTIFACTS / "readyz-server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [DAPHNE, "-b", "127.0.0.1", "-p", str(port), "chatapp.asgi:application"],
-            env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
+    proc, url = spawn_daphne(env, port, log)
     try:
         for _ in range(300):  # bounded wait for the server to answer
             assert proc.poll() is None, log.read_text()[-3000:]

@@ -66,6 +66,16 @@ def _wait_until_serving(url: str, proc: subprocess.Popen, log: Path) -> None:
     raise RuntimeError(f"daphne did not start serving:\n{log.read_text()[-3000:]}")
 
 
+def spawn_daphne(env: dict, port: int, log: Path) -> tuple[subprocess.Popen, str]:
+    """daphne serving the project on 127.0.0.1:port, its output in `log`."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [DAPHNE, "-b", "127.0.0.1", "-p", str(port), "chatapp.asgi:application"],
+            env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        )
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def start_live_server(tmp_path: Path, name: str, **settings: str):
     ARTIFACTS.mkdir(exist_ok=True)
     log = ARTIFACTS / f"{name}-server.log"
@@ -81,12 +91,7 @@ def start_live_server(tmp_path: Path, name: str, **settings: str):
     env.pop("DJANGO_DEBUG", None)
     subprocess.run([PYTHON, "manage.py", "migrate", "--noinput", "-v", "0"],
                    env=env, cwd=ROOT, check=True)
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [DAPHNE, "-b", "127.0.0.1", "-p", str(port), "chatapp.asgi:application"],
-            env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
+    proc, url = spawn_daphne(env, port, log)
     try:
         _wait_until_serving(url, proc, log)
     except BaseException:
