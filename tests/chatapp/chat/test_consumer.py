@@ -92,14 +92,19 @@ async def test_turn_two_reuses_the_whole_blocks_of_turn_one(alice):
     await comm.disconnect()
 
 
-async def test_stop_mid_stream_frees_the_blocks_and_keeps_a_stopped_reply(alice, settings):
+async def start_long_reply(user, settings):
+    """A new conversation whose first reply (up to 400 tokens) has begun streaming."""
     settings.CHAT_MAX_NEW_TOKENS = 400
-    conv = await new_conversation(alice)
-    comm, _ = await connect(conv.pk, alice)
+    conv = await new_conversation(user)
+    comm, _ = await connect(conv.pk, user)
     await receive(comm)
     await comm.send_json_to({"type": "send", "content": LONG_PROMPT})
     events = await receive_until(comm, lambda e: e["type"] == "message.delta")
-    reply_id = created_reply_id(events)
+    return comm, events, created_reply_id(events)
+
+
+async def test_stop_mid_stream_frees_the_blocks_and_keeps_a_stopped_reply(alice, settings):
+    comm, events, reply_id = await start_long_reply(alice, settings)
     await comm.send_json_to({"type": "stop", "message_id": reply_id})
     events += await receive_until(comm, is_done)
     _, done = assert_stream_is_whole(events, reply_id)
@@ -120,13 +125,7 @@ async def test_stop_mid_stream_frees_the_blocks_and_keeps_a_stopped_reply(alice,
 
 
 async def test_disconnect_stops_the_reply_and_keeps_the_partial_text(alice, settings):
-    settings.CHAT_MAX_NEW_TOKENS = 400
-    conv = await new_conversation(alice)
-    comm, _ = await connect(conv.pk, alice)
-    await receive(comm)
-    await comm.send_json_to({"type": "send", "content": LONG_PROMPT})
-    events = await receive_until(comm, lambda e: e["type"] == "message.delta")
-    reply_id = created_reply_id(events)
+    comm, events, reply_id = await start_long_reply(alice, settings)
     # The consumer's disconnect waits for its replies to be stored before it returns.
     await comm.disconnect(timeout=120)
 
