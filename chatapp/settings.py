@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "chatapp.api",
     "chatapp.dashboard",
+    "django_celery_results",
 ]
 
 MIDDLEWARE = [
@@ -137,6 +138,10 @@ LLM_MODEL_CACHE = os.environ.get("PREFIXCHAT_MODEL_CACHE") or None
 # How this process's engine is named on the dashboard and in /metrics; give each server
 # process on one host its own (e.g. web-1, web-2).
 LLM_ENGINE_ID = os.environ.get("LLM_ENGINE_ID") or f"web@{socket.gethostname()}"
+# Engine sizing; unset lets the engine choose (see EngineConfig).
+LLM_NUM_BLOCKS = int(os.environ.get("LLM_NUM_BLOCKS", "0")) or None
+LLM_MAX_NUM_SEQS = int(os.environ.get("LLM_MAX_NUM_SEQS", "0")) or None
+LLM_MAX_MODEL_LEN = int(os.environ.get("LLM_MAX_MODEL_LEN", "0")) or None
 
 # Chat service.
 LOGIN_URL = "login"
@@ -157,6 +162,57 @@ CHAT_STREAM_FLUSH_S = float(os.environ.get("CHAT_STREAM_FLUSH_S", "0.1"))
 # was left by a process that died, and is marked failed so the conversation can go on.
 CHAT_HEARTBEAT_S = float(os.environ.get("CHAT_HEARTBEAT_S", "20"))
 CHAT_STALE_REPLY_S = float(os.environ.get("CHAT_STALE_REPLY_S", "120"))
+
+# Replies stopped in a worker: the generation reads its stop flag this often (seconds).
+CHAT_STOP_POLL_S = float(os.environ.get("CHAT_STOP_POLL_S", "0.5"))
+
+# Celery workers (chatapp/celery.py, chatapp/generation/). No broker: every reply runs on
+# the web process's embedded engine. With a broker, the rule in
+# chatapp.generation.dispatch sends some replies to workers, which host their own engine.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL
+CELERY_RESULT_BACKEND = "django-db"
+# Imported when a worker starts (chatapp.generation is a package, not an installed app).
+CELERY_IMPORTS = ["chatapp.generation.tasks"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+# A worker that dies mid-reply must not lose the task: acknowledge only at the end, and
+# requeue when the pool child is killed (acks_late alone would acknowledge it then).
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A generation is long: a worker holds only the task it runs, the rest stay queued for others.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = int(os.environ.get("CELERY_TASK_SOFT_TIME_LIMIT", "900"))
+CELERY_TASK_TIME_LIMIT = int(
+    os.environ.get("CELERY_TASK_TIME_LIMIT", str(CELERY_TASK_SOFT_TIME_LIMIT + 60))
+)
+# Seconds before the broker hands a task whose worker vanished to another worker. Keep it
+# above the longest generation (a longer task would be handed out twice: the reply's lease
+# keeps the second copy from generating, but it waits).
+CELERY_VISIBILITY_TIMEOUT = int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "3600"))
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
+    # Look for timed-out tasks a few times per timeout (kombu's default looks every 100 s).
+    "unacked_restore_interval": max(1, min(60, CELERY_VISIBILITY_TIMEOUT // 4)),
+    "unacked_restore_throttle": 1,
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# When the broker is down a user waits about a second for the refusal, not minutes.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5,
+}
+# Every worker consumes this queue besides its own (named after its hostname).
+CELERY_SHARED_QUEUE = os.environ.get("CELERY_SHARED_QUEUE", "generation")
+CELERY_TASK_DEFAULT_QUEUE = CELERY_SHARED_QUEUE
+# The rule (0 turns a part off): a chat reply allowed at least CELERY_REPLY_MIN_TOKENS new
+# tokens goes to a worker; so does any reply while the embedded engine already has
+# CELERY_EMBEDDED_MAX_WAITING requests waiting.
+CELERY_REPLY_MIN_TOKENS = int(os.environ.get("CELERY_REPLY_MIN_TOKENS", "0"))
+CELERY_EMBEDDED_MAX_WAITING = int(os.environ.get("CELERY_EMBEDDED_MAX_WAITING", "0"))
+# A conversation stays on the worker that holds its blocks unless that worker has more
+# than this many tasks queued; then the least-loaded live worker takes the turn.
+CELERY_AFFINITY_MAX_QUEUE = int(os.environ.get("CELERY_AFFINITY_MAX_QUEUE", "2"))
+# Workers announce themselves in Redis this often; one silent for 3 beats counts as gone.
+CELERY_WORKER_HEARTBEAT_S = float(os.environ.get("CELERY_WORKER_HEARTBEAT_S", "10"))
 
 # Prompt manager.
 PROMPT_TEMPLATES_DIR = BASE_DIR / "templates" / "prompts"

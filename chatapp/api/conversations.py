@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db.models import Count, QuerySet
 
 from chatapp.chat import selectors as chat_selectors
@@ -89,8 +91,19 @@ def _sse(event: str, data: dict) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+def reply_wait(*, reply_id: int, poll_s: float = 0.2) -> Message:
+    """Wait for a reply a worker generates to end (bounded by the task's time limit)."""
+    deadline = time.monotonic() + settings.CELERY_TASK_TIME_LIMIT + 60
+    while True:
+        reply = Message.objects.get(pk=reply_id)
+        if not reply.is_active or time.monotonic() > deadline:
+            return reply
+        time.sleep(poll_s)
+
+
 async def reply_stream(
-    *, reply_id: int, group: str, first: dict, on_close: Callable[[], None]
+    *, reply_id: int, group: str, first: dict, on_close: Callable[[], None],
+    remote: bool = False,
 ) -> AsyncIterator[bytes]:
     """Generate reply `reply_id` and relay its events as server-sent events.
 
@@ -102,7 +115,9 @@ async def reply_stream(
     layer = get_channel_layer()
     channel = await layer.new_channel()
     await layer.group_add(group, channel)
-    task = asyncio.create_task(generation.run_reply(reply_id))
+    # A reply queued for a worker (remote) streams through the same group; it goes on
+    # if this client leaves, as a long generation should.
+    task = None if remote else asyncio.create_task(generation.run_reply(reply_id))
     try:
         yield _sse("message.created", first)
         while True:
@@ -113,9 +128,10 @@ async def reply_stream(
             yield _sse(event.get("type", "message"), event)
             if event.get("type") == "message.done":
                 break
-        await task
+        if task is not None:
+            await task
     finally:
-        if not task.done():
+        if task is not None and not task.done():
             task.cancel()  # run_reply aborts the engine request and keeps the text as stopped
         await layer.group_discard(group, channel)
         on_close()

@@ -43,7 +43,7 @@ from chatapp.api.serializers import (
 from chatapp.chat import selectors as chat_selectors
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Message
-from chatapp.generation import prompting
+from chatapp.generation import dispatch, prompting
 from chatapp.generation import services as generation
 
 E = ErrorSerializer
@@ -163,6 +163,10 @@ class MessageListView(APIView):
             ),
             400: E,
             409: OpenApiResponse(E, description="A reply is still being generated."),
+            503: OpenApiResponse(
+                E, description="The reply could not be queued for a worker (the turn is "
+                "kept, its reply marked failed)."
+            ),
             **ERRORS,
         },
     )
@@ -178,6 +182,10 @@ class MessageListView(APIView):
                 content=body.validated_data["content"],
                 parent_id=body.validated_data["parent_id"],
             )
+            remote = dispatch.use_worker()
+            if remote:
+                # A worker generates it (503 here if the broker is down; the turn is kept).
+                dispatch.enqueue_reply(reply=reply)
             if body.validated_data["stream"]:
                 first = {
                     "type": "message.created",
@@ -189,14 +197,18 @@ class MessageListView(APIView):
                     group=conversation.group_name,
                     first=first,
                     on_close=slot.release if slot else (lambda: None),
+                    remote=remote,
                 )
                 slot = None  # the stream releases it
                 response = StreamingHttpResponse(stream, content_type="text/event-stream")
                 response["Cache-Control"] = "no-cache"
                 response["X-Accel-Buffering"] = "no"
                 return response
-            # Runs on the server's event loop; this request's thread waits for the result.
-            async_to_sync(generation.run_reply)(reply.pk)
+            if remote:
+                conversations.reply_wait(reply_id=reply.pk)
+            else:
+                # Runs on the server's event loop; this request's thread waits for the result.
+                async_to_sync(generation.run_reply)(reply.pk)
         finally:
             if slot is not None:
                 slot.release()
@@ -231,7 +243,7 @@ class MessageStopView(APIView):
             conversation=conversation, message_id=message_id, role=Message.Role.ASSISTANT
         )
         if reply.is_active:
-            generation.stop_reply(reply.pk)
+            generation.request_stop(reply.pk)
         return Response(MessageSerializer(reply).data, status=status.HTTP_202_ACCEPTED)
 
 

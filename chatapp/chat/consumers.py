@@ -5,7 +5,8 @@ Protocol (JSON text frames).
 Client -> server:
   {"type": "send", "content": str, "parent_id": int?}   new turn after parent_id
                                                          (default: the current leaf)
-  {"type": "stop", "message_id": int?}                  stop a reply (default: all running)
+  {"type": "stop", "message_id": int?}                  stop a reply (default: all running),
+                                                         also one a Celery worker generates
   {"type": "regenerate", "message_id": int}             new reply beside this reply
   {"type": "edit", "message_id": int, "content": str}   new user message beside this one
   {"type": "select", "message_id": int}                 remember the branch being viewed
@@ -38,6 +39,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, InvalidInput, NotFound
 from chatapp.chat.serializers import conversation_dict, message_dict
+from chatapp.generation import dispatch
 from chatapp.generation import services as generation
 
 log = logging.getLogger(__name__)
@@ -151,7 +153,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             )
             ids = [reply.pk]
         for reply_id in ids:
-            generation.stop_reply(reply_id)
+            await generation.arequest_stop(reply_id)
 
     async def on_select(self, data: dict) -> None:
         await database_sync_to_async(services.conversation_select_leaf)(
@@ -186,9 +188,25 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await generation.publish(self.group, {"type": "conversation.updated",
                                               "conversation": conversation_dict(conversation)})
         reply = messages[-1]
+        if dispatch.use_worker():
+            await self.enqueue(reply)
+            return
         task = asyncio.create_task(generation.run_reply(reply.pk))
         self.tasks[reply.pk] = task
         task.add_done_callback(lambda _t, pk=reply.pk: self.tasks.pop(pk, None))
+
+    async def enqueue(self, reply) -> None:
+        """Hand the reply to a Celery worker; it streams to this conversation's group.
+        Unlike a reply generated here, it goes on when this socket closes."""
+        try:
+            await database_sync_to_async(dispatch.enqueue_reply)(reply=reply)
+        except dispatch.GenerationUnavailable:
+            # The user's message is kept; every tab sees the reply fail, this one also
+            # gets the error event (from receive) saying why and what to do.
+            await database_sync_to_async(reply.refresh_from_db)()
+            await generation.publish(self.group, {"type": "message.done", "message_id": reply.pk,
+                                                  "seq": 1, "message": message_dict(reply)})
+            raise
 
     def reload_conversation(self):
         self.conversation.refresh_from_db()

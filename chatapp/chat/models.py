@@ -74,6 +74,14 @@ class Message(models.Model):
     ttft = models.FloatField(null=True, blank=True, help_text="seconds to the first token")
     finish_reason = models.CharField(max_length=16, blank=True, default="")
     error = models.TextField(blank=True, default="")
+    # For a reply: the engine that generated it (a worker's hostname, or web@host). The
+    # router sends the conversation's next turn there, where its blocks are cached.
+    served_by = models.CharField(max_length=200, blank=True, default="")
+    # The claim of the generation now writing this reply; a generation whose claim was
+    # taken over (its worker looked dead) may no longer write it.
+    lease = models.CharField(max_length=32, blank=True, default="")
+    # Stop asked for by a process that does not run the generation (it runs in a worker).
+    stop_requested = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -27,6 +27,7 @@ def message_dict(message: Message) -> dict:
         "finish_reason": message.finish_reason or None,
         "error": message.error or None,
         "usage": usage_dict(message),
+        "served_by": message.served_by or None,
         "created_at": message.created_at.isoformat() if message.created_at else None,
     }
 

@@ -3,6 +3,7 @@ these functions only create, validate and record."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 from django.conf import settings
@@ -87,8 +88,63 @@ def replies_recover_stale(*, conversation: Conversation) -> list[Message]:
     return stale
 
 
-def reply_heartbeat(*, reply_id: int) -> None:
-    Message.objects.filter(pk=reply_id).update(updated_at=timezone.now())
+def reply_heartbeat(*, reply_id: int, lease: str = "") -> None:
+    replies = Message.objects.filter(pk=reply_id)
+    if lease:
+        replies = replies.filter(lease=lease)  # a generation that lost its claim stays silent
+    replies.update(updated_at=timezone.now())
+
+
+class Claim:
+    """What a worker may do with a reply it was handed (see reply_claim)."""
+
+    CLAIMED = "claimed"    # generate it, under the returned lease
+    FINISHED = "finished"  # done, stopped or failed already: nothing to do
+    BUSY = "busy"          # another live generation holds it: try again later
+    GONE = "gone"          # deleted with its conversation
+
+
+@transaction.atomic
+def reply_claim(*, reply_id: int, holder: str) -> tuple[str, str]:
+    """Take reply `reply_id` for generation by `holder` (a worker); returns (Claim, lease).
+
+    A task can be delivered more than once (a redelivery after a worker vanished, or a
+    duplicate): the row lock makes exactly one delivery win. A reply still streaming is
+    held by a live generation while its heartbeat is fresh; once the heartbeat is older
+    than CHAT_STALE_REPLY_S its generation is taken to be dead and is replaced.
+    """
+    reply = (
+        Message.objects.select_for_update()
+        .filter(pk=reply_id, role=Message.Role.ASSISTANT)
+        .first()
+    )
+    if reply is None:
+        return Claim.GONE, ""
+    if not reply.is_active:
+        return Claim.FINISHED, ""
+    cutoff = timezone.now() - timedelta(seconds=settings.CHAT_STALE_REPLY_S)
+    if reply.status == Message.Status.STREAMING and reply.updated_at >= cutoff:
+        return Claim.BUSY, ""
+    if reply.stop_requested:
+        reply_finish(reply=reply, status=Message.Status.STOPPED, finish_reason="abort")
+        return Claim.FINISHED, ""
+    reply.lease = uuid.uuid4().hex
+    reply.served_by = holder
+    reply.status = Message.Status.STREAMING
+    reply.save(update_fields=["lease", "served_by", "status", "updated_at"])
+    return Claim.CLAIMED, reply.lease
+
+
+def reply_request_stop(*, reply_id: int) -> bool:
+    """Flag a reply generated elsewhere (a worker) to stop; its generation polls the flag."""
+    active = (Message.Status.PENDING, Message.Status.STREAMING)
+    return bool(
+        Message.objects.filter(pk=reply_id, status__in=active).update(stop_requested=True)
+    )
+
+
+def reply_stop_requested(*, reply_id: int) -> bool:
+    return Message.objects.filter(pk=reply_id, stop_requested=True).exists()
 
 
 def _ensure_idle(conversation: Conversation) -> None:
@@ -189,9 +245,10 @@ def conversation_select_leaf(*, conversation: Conversation, message_id: int | st
     return leaf
 
 
-def reply_mark_streaming(*, reply: Message) -> Message:
+def reply_mark_streaming(*, reply: Message, served_by: str = "") -> Message:
     reply.status = Message.Status.STREAMING
-    reply.save(update_fields=["status", "updated_at"])
+    reply.served_by = served_by or reply.served_by
+    reply.save(update_fields=["status", "served_by", "updated_at"])
     return reply
 
 

@@ -1,0 +1,86 @@
+"""Where a reply is generated: on this process's embedded engine, or by a Celery worker.
+
+The rule (reply_goes_to_worker), with no broker configured always "embedded":
+- a reply allowed at least CELERY_REPLY_MIN_TOKENS new tokens (CHAT_MAX_NEW_TOKENS)
+  is a long generation: a worker makes it, the web process stays free;
+- while the embedded engine has CELERY_EMBEDDED_MAX_WAITING requests waiting, every
+  new reply goes to a worker rather than queue behind them.
+Either threshold at 0 turns its part off.
+
+The user's message and the pending reply are stored before the task is queued, so when
+the broker is down nothing is lost: the reply is marked failed with a message saying
+so, the caller gets GenerationUnavailable, and regenerating it later works.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+
+from chatapp.chat import services as chat_services
+from chatapp.chat.errors import ChatError
+from chatapp.chat.models import Message
+from chatapp.generation import router
+from chatapp.generation.engine import loaded_engine
+
+log = logging.getLogger(__name__)
+
+UNAVAILABLE = (
+    "The reply could not be queued: the generation service is unavailable. "
+    "Your message is saved; regenerate the reply in a moment."
+)
+
+
+class GenerationUnavailable(ChatError):
+    code = "generation_unavailable"
+    http_status = 503
+
+
+def reply_goes_to_worker(
+    *, max_new_tokens: int, embedded_waiting: int | None, broker_configured: bool,
+    min_tokens: int, max_waiting: int,
+) -> bool:
+    """The rule itself, on plain values (see the module's docstring)."""
+    if not broker_configured:
+        return False
+    if min_tokens > 0 and max_new_tokens >= min_tokens:
+        return True
+    return max_waiting > 0 and embedded_waiting is not None and embedded_waiting >= max_waiting
+
+
+def _embedded_waiting() -> int | None:
+    engine = loaded_engine()
+    if engine is None:
+        return None
+    return int(engine.metrics().get("num_waiting", 0))
+
+
+def use_worker() -> bool:
+    """Whether the next chat reply goes to a Celery worker, by the configured rule."""
+    return reply_goes_to_worker(
+        max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
+        embedded_waiting=_embedded_waiting(),
+        broker_configured=bool(settings.CELERY_BROKER_URL),
+        min_tokens=settings.CELERY_REPLY_MIN_TOKENS,
+        max_waiting=settings.CELERY_EMBEDDED_MAX_WAITING,
+    )
+
+
+def enqueue_reply(*, reply: Message) -> str:
+    """Queue the generation of the pending `reply` (on the queue the router picks); returns
+    the queue. GenerationUnavailable, with the reply marked failed, if the broker is down."""
+    from kombu.exceptions import OperationalError
+
+    from chatapp.generation.tasks import generate_reply
+
+    queue = router.queue_for_reply(reply)
+    try:
+        generate_reply.apply_async((reply.pk,), queue=queue, retry=True)
+    except OperationalError:
+        log.exception("Queueing reply %s failed", reply.pk)
+        reply.refresh_from_db()
+        chat_services.reply_finish(reply=reply, status=Message.Status.ERROR,
+                                   finish_reason="error", error=UNAVAILABLE)
+        raise GenerationUnavailable(UNAVAILABLE) from None
+    return queue

@@ -1,0 +1,131 @@
+"""Which workers are alive and how loaded they are, kept in the Redis broker.
+
+Each worker consumes the shared queue and a queue of its own, named after its
+hostname. Every CELERY_WORKER_HEARTBEAT_S it writes a beat into one hash per shared
+queue (so separate installations on one Redis never see each other's workers). The
+router reads the beats and the queues' lengths; a worker that has missed three beats
+counts as gone, and the live workers move the tasks left in its queue to the shared
+queue: a task waiting for a dead worker would otherwise wait for ever (the broker
+hands a task back to the queue it came from).
+
+Only a Redis broker has this view; with another broker (RabbitMQ) every task goes to
+the shared queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+# kombu's Redis transport keeps a queue's prioritised messages in extra lists named
+# queue + separator + priority (steps 3, 6, 9); plain messages are in the queue's own list.
+_PRIORITY_SEP = "\x06\x16"
+_PRIORITY_STEPS = (3, 6, 9)
+MISSED_BEATS = 3
+
+_client = None
+_client_pid = None
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    name: str
+    queue: str
+    active: int
+    seen: float  # unix time of the last beat
+
+
+def own_queue(worker_name: str) -> str:
+    """The queue only worker `worker_name` consumes."""
+    return f"{settings.CELERY_SHARED_QUEUE}.{worker_name}"
+
+
+def _registry_key() -> str:
+    return f"prefixchat:workers:{settings.CELERY_SHARED_QUEUE}"
+
+
+def available() -> bool:
+    return str(settings.CELERY_BROKER_URL).startswith(("redis://", "rediss://", "unix://"))
+
+
+def client():
+    """A Redis client on the broker, one per process (a forked worker child makes its own)."""
+    global _client, _client_pid
+    if _client is None or _client_pid != os.getpid():
+        import redis
+
+        _client = redis.Redis.from_url(
+            settings.CELERY_BROKER_URL, socket_timeout=2, socket_connect_timeout=2
+        )
+        _client_pid = os.getpid()
+    return _client
+
+
+def beat(worker_name: str, *, active: int) -> None:
+    record = {"queue": own_queue(worker_name), "active": active, "seen": time.time()}
+    client().hset(_registry_key(), worker_name, json.dumps(record))
+
+
+def forget(worker_name: str) -> None:
+    client().hdel(_registry_key(), worker_name)
+
+
+def workers() -> list[WorkerState]:
+    """Every registered worker, live or not (see is_live)."""
+    out = []
+    for name, raw in client().hgetall(_registry_key()).items():
+        try:
+            record = json.loads(raw)
+            out.append(WorkerState(name=name.decode(), queue=record["queue"],
+                                   active=int(record.get("active", 0)),
+                                   seen=float(record["seen"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def is_live(worker: WorkerState, now: float | None = None) -> bool:
+    now = time.time() if now is None else now
+    return now - worker.seen <= MISSED_BEATS * settings.CELERY_WORKER_HEARTBEAT_S
+
+
+def _lists(queue: str) -> list[str]:
+    return [queue] + [f"{queue}{_PRIORITY_SEP}{p}" for p in _PRIORITY_STEPS]
+
+
+def queue_length(queue: str) -> int:
+    pipe = client().pipeline()
+    for name in _lists(queue):
+        pipe.llen(name)
+    return sum(pipe.execute())
+
+
+def sweep_dead(now: float | None = None) -> int:
+    """Move the tasks queued for dead workers to the shared queue; returns how many moved.
+
+    A dead worker stays registered until the broker's visibility timeout has passed
+    twice over: a task it held comes back to its queue only after that timeout.
+    """
+    now = time.time() if now is None else now
+    moved = 0
+    redis = client()
+    shared = settings.CELERY_SHARED_QUEUE
+    for worker in workers():
+        if is_live(worker, now):
+            continue
+        for source, target in zip(_lists(worker.queue), _lists(shared), strict=True):
+            # Oldest first (kombu pushes on the left and pops on the right).
+            while redis.rpoplpush(source, target) is not None:
+                moved += 1
+        if now - worker.seen > 2 * settings.CELERY_VISIBILITY_TIMEOUT:
+            forget(worker.name)
+    if moved:
+        log.warning("Moved %d task(s) of dead workers to the shared queue %s", moved, shared)
+    return moved

@@ -1,0 +1,97 @@
+"""Cache-affinity routing: send a turn to the worker whose engine holds its prefix.
+
+Each worker's prefix cache is its own, so where the next turn of a conversation runs
+decides whether its history is a cache hit. The preferred worker is the one that
+served the conversation's last reply; for a conversation's first turn, the one that
+last served the same owner's conversation with the same preset (its system segment is
+warm there: blocks are salted per owner). When the preferred worker is gone or has more
+than CELERY_AFFINITY_MAX_QUEUE tasks waiting, the least-loaded live worker takes the
+turn; with no preference, or no live worker to spare, the shared queue does (the first
+free worker picks it up).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from chatapp.chat.models import Message
+from chatapp.generation import registry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    queue: str
+    queued: int  # tasks waiting in its own queue
+    active: int  # tasks it runs now
+
+
+def choose_queue(
+    *, preferred: str, candidates: list[Candidate], max_queue: int, shared_queue: str
+) -> str:
+    """The queue for a turn, given the live workers (a pure rule, tested on its own)."""
+    by_name = {c.name: c for c in candidates}
+    best = by_name.get(preferred)
+    if best is not None and best.queued <= max_queue:
+        return best.queue
+    if not preferred:
+        return shared_queue
+    # The preferred worker is gone or saturated: the least-loaded other one, if it has room.
+    others = [c for c in candidates if c.name != preferred and c.queued <= max_queue]
+    if not others:
+        return shared_queue
+    return min(others, key=lambda c: (c.queued + c.active, c.name)).queue
+
+
+def preferred_worker(reply: Message) -> str:
+    """The engine most likely to hold the prompt of `reply` in its prefix cache."""
+    served = (
+        Message.objects.filter(conversation_id=reply.conversation_id,
+                               role=Message.Role.ASSISTANT)
+        .exclude(served_by="").exclude(pk=reply.pk)
+        .order_by("-id").values_list("served_by", flat=True).first()
+    )
+    if served:
+        return served
+    conversation = reply.conversation
+    return (
+        Message.objects.filter(
+            role=Message.Role.ASSISTANT,
+            conversation__owner_id=conversation.owner_id,
+            conversation__preset_id=conversation.preset_id,
+            conversation__preset_version=conversation.preset_version,
+        )
+        .exclude(served_by="").exclude(pk=reply.pk)
+        .order_by("-id").values_list("served_by", flat=True).first()
+    ) or ""
+
+
+def live_candidates() -> list[Candidate]:
+    out = []
+    for worker in registry.workers():
+        if registry.is_live(worker):
+            out.append(Candidate(name=worker.name, queue=worker.queue,
+                                 queued=registry.queue_length(worker.queue),
+                                 active=worker.active))
+    return out
+
+
+def queue_for_reply(reply: Message) -> str:
+    """The queue the generation task of `reply` goes to."""
+    shared = settings.CELERY_SHARED_QUEUE
+    if not registry.available():
+        return shared
+    preferred = preferred_worker(reply)
+    try:
+        candidates = live_candidates()
+    except Exception:
+        # The registry is unreadable (Redis down?): publishing will tell the user if so.
+        log.warning("Reading the worker registry failed; using the shared queue", exc_info=True)
+        return shared
+    return choose_queue(preferred=preferred, candidates=candidates,
+                        max_queue=settings.CELERY_AFFINITY_MAX_QUEUE, shared_queue=shared)

@@ -1,0 +1,111 @@
+"""The Celery worker's side: its queue, its engine, its heartbeat, and running one task.
+
+`celery -A chatapp worker --hostname=worker@%h` needs no -Q: the worker consumes the
+shared queue (task_default_queue) and adds its own queue here, named after its
+hostname. Its engine id is that hostname too, so the dashboard shows one row per worker
+and the reply's `served_by` names the queue the router sends the next turn to. The pool
+child (concurrency 1) loads the engine as it starts and beats into the registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from celery.signals import celeryd_after_setup, worker_process_init, worker_process_shutdown
+from django.conf import settings
+from django.db import close_old_connections
+
+from chatapp.chat import services as chat_services
+from chatapp.chat.services import Claim
+from chatapp.generation import registry
+
+log = logging.getLogger(__name__)
+
+_name = ""  # this worker's hostname, once set up
+_active = 0
+_beats: threading.Event | None = None
+
+
+@celeryd_after_setup.connect
+def _setup_worker(sender: str, instance, **kwargs) -> None:
+    """In the worker's main process, before the pool forks: its queue and engine id."""
+    global _name
+    _name = str(sender)
+    if registry.available():
+        instance.app.amqp.queues.select_add(registry.own_queue(_name))
+    # Every worker of one host would otherwise share the web's default id.
+    settings.LLM_ENGINE_ID = _name
+
+
+@worker_process_init.connect
+def _start_child(**kwargs) -> None:
+    """In the pool child: load the engine in the background (the child must report ready
+    within seconds), start beating, and sample the dashboard like a web process."""
+    from chatapp.dashboard.sampling import start_sampler
+    from chatapp.generation.engine import preload_in_background
+
+    preload_in_background()
+    if _name and registry.available():
+        global _beats
+        _beats = threading.Event()
+        threading.Thread(target=_beat_loop, args=(_beats,), name="worker-beat",
+                         daemon=True).start()
+    start_sampler()
+
+
+@worker_process_shutdown.connect
+def _stop_child(**kwargs) -> None:
+    if _beats is not None:
+        _beats.set()
+        try:
+            registry.forget(_name)
+        except Exception:
+            log.warning("Leaving the worker registry failed", exc_info=True)
+
+
+def _beat_once() -> None:
+    try:
+        registry.beat(_name, active=_active)
+        registry.sweep_dead()
+    except Exception:
+        log.warning("Worker heartbeat failed", exc_info=True)
+
+
+def _beat_loop(stopped: threading.Event) -> None:
+    while True:
+        _beat_once()
+        if stopped.wait(settings.CELERY_WORKER_HEARTBEAT_S):
+            return
+
+
+def worker_name(hostname: str | None) -> str:
+    return _name or hostname or settings.LLM_ENGINE_ID
+
+
+def generate(reply_id: int, *, holder: str) -> dict:
+    """Run the task for reply `reply_id`: claim it, generate it, report the outcome.
+
+    {"outcome": "generated" | "finished" | "gone" | "busy", ...}; "busy" means another
+    live generation holds the reply and the caller should try again later.
+    """
+    from chatapp.generation.services import run_reply
+
+    close_old_connections()
+    outcome, lease = chat_services.reply_claim(reply_id=reply_id, holder=holder)
+    if outcome != Claim.CLAIMED:
+        return {"reply_id": reply_id, "outcome": outcome, "worker": holder}
+    global _active
+    _active += 1
+    _beat_once()  # the router sees the load now, not at the next beat
+    try:
+        # A fresh event loop per task: the engine streams to whichever loop asks, and a
+        # soft time limit raised in here cancels run_reply, which keeps the partial text.
+        final = asyncio.run(run_reply(reply_id, lease=lease))
+    finally:
+        _active -= 1
+        _beat_once()
+        close_old_connections()
+    return {"reply_id": reply_id, "outcome": "generated", "worker": holder,
+            "status": final.get("status")}

@@ -1,0 +1,207 @@
+"""Long generations on real Celery workers: streaming through Redis, a killed worker,
+duplicate deliveries, cache-affinity routing, and a broker outage.
+
+Every test here drives real `celery worker` processes (see conftest.py) against the
+test's PostgreSQL database and Redis; they are skipped where those are not configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+from channels_redis.core import RedisChannelLayer
+from django_celery_results.models import TaskResult
+
+from chatapp.chat import services
+from chatapp.chat.models import Message
+from tests.chatapp.generation.conftest import (
+    WORKER_REDIS_DB,
+    Cluster,
+    _require_services,
+    cluster_env,
+    redis_client,
+    redis_url_with_db,
+    session_cookie,
+    wait_for,
+    ws_exchange,
+)
+
+pytestmark = [pytest.mark.model, pytest.mark.django_db(transaction=True)]
+
+LONG = "Write a long story about a dragon who learns to fly."
+
+
+def done_for(reply_id: int | None = None):
+    def until(events: list[dict]) -> bool:
+        return any(e["type"] == "message.done" and (reply_id is None or e["message_id"] == reply_id)
+                   for e in events)
+    return until
+
+
+def turn(cluster: Cluster, conversation, cookie: str, content: str) -> tuple[list[dict], Message]:
+    """One turn over the chat socket of the cluster's web process; its stored reply."""
+    url = f"{cluster.ws_url}/ws/chat/{conversation.pk}/"
+    events = asyncio.run(ws_exchange(url, cookie, [{"type": "send", "content": content}],
+                                     done_for()))
+    done = [e for e in events if e["type"] == "message.done"][-1]
+    return events, Message.objects.get(pk=done["message_id"])
+
+
+def assert_one_complete_reply(reply: Message) -> None:
+    assert reply.status == Message.Status.DONE, (reply.status, reply.error)
+    assert reply.finish_reason in ("stop", "length")
+    assert reply.generated_token_ids and reply.token_ids and reply.content
+    assert reply.completion_tokens == len(reply.generated_token_ids)
+    assert reply.prompt_tokens > 0 and reply.cached_tokens is not None
+    siblings = Message.objects.filter(parent_id=reply.parent_id, role=Message.Role.ASSISTANT)
+    assert list(siblings) == [reply]
+
+
+def task_results(task_ids: list[str]) -> list[dict] | None:
+    rows = TaskResult.objects.filter(task_id__in=task_ids, status="SUCCESS")
+    if rows.count() < len(task_ids):
+        return None
+    return [json.loads(r.result) for r in rows]
+
+
+def test_a_long_reply_is_generated_by_a_worker_and_streamed_through_redis(cluster, alice):
+    conversation = services.conversation_create(owner=alice)
+    events, reply = turn(cluster, conversation, session_cookie(alice), LONG)
+
+    deltas = [e for e in events if e["type"] == "message.delta" and e["message_id"] == reply.pk]
+    assert len(deltas) > 1
+    assert [d["seq"] for d in deltas] == list(range(1, len(deltas) + 1))
+    done = events[-1]
+    assert done["type"] == "message.done" and done["seq"] == len(deltas) + 1
+    assert "".join(d["text"] for d in deltas) == done["message"]["content"] == reply.content
+    assert_one_complete_reply(reply)
+    assert reply.served_by in cluster.workers
+    assert done["message"]["served_by"] == reply.served_by
+    assert done["message"]["usage"]["completion_tokens"] == len(reply.generated_token_ids)
+    # The web process never generated anything: it has no model loaded.
+    assert "Loading model" not in (cluster.web_log.read_text())
+
+
+def test_the_same_task_delivered_twice_yields_one_reply(cluster, alice):
+    conversation = services.conversation_create(owner=alice)
+    _, reply = services.message_send(conversation=conversation, content="Name three colours.")
+    a, b = cluster.workers.values()
+    # Both workers get the task at once: exactly one may generate.
+    ids = [cluster.send_task(reply.pk, cluster.own_queue(a)),
+           cluster.send_task(reply.pk, cluster.own_queue(b))]
+    results = wait_for(lambda: task_results(ids), what="both deliveries")
+    assert sorted(r["outcome"] for r in results) == ["finished", "generated"]
+    reply.refresh_from_db()
+    assert_one_complete_reply(reply)
+    assert reply.served_by == [r for r in results if r["outcome"] == "generated"][0]["worker"]
+
+    # A third delivery, after the end, changes nothing.
+    before = (reply.updated_at, reply.generated_token_ids, reply.content)
+    again = cluster.send_task(reply.pk, cluster.shared_queue)
+    assert wait_for(lambda: task_results([again]))[0]["outcome"] == "finished"
+    reply.refresh_from_db()
+    assert (reply.updated_at, reply.generated_token_ids, reply.content) == before
+
+
+def test_turns_stay_on_the_worker_that_holds_their_blocks_until_it_is_saturated(
+    cluster, alice
+):
+    conversation = services.conversation_create(owner=alice)
+    cookie = session_cookie(alice)
+    _, first = turn(cluster, conversation, cookie, "Name a planet.")
+    _, second = turn(cluster, conversation, cookie, "Name a star.")
+    assert_one_complete_reply(first)
+    assert_one_complete_reply(second)
+    assert second.served_by == first.served_by
+    # The whole first turn (its prompt and the reply's computed tokens) was a cache hit.
+    first_turn = first.prompt_tokens + first.completion_tokens - 1
+    assert second.cached_tokens >= (first_turn // 16) * 16 > first.prompt_tokens - 16
+
+    preferred = cluster.workers[second.served_by]
+    other = next(w for w in cluster.workers.values() if w is not preferred)
+    queue = cluster.own_queue(preferred)
+    # Saturate the preferred worker: it stops taking from its own queue, where two tasks
+    # then wait (deliveries of a finished reply: harmless when they run).
+    cluster.control("cancel_consumer", preferred, queue)
+    try:
+        for _ in range(2):
+            cluster.send_task(first.pk, queue)
+        redis = redis_client(cluster.broker_url)
+        wait_for(lambda: redis.llen(queue) >= 2, what="the preferred worker's queue")
+        _, third = turn(cluster, conversation, cookie, "Name a moon.")
+    finally:
+        cluster.control("add_consumer", preferred, queue)
+    assert_one_complete_reply(third)
+    assert third.served_by == other.name
+
+
+def test_a_reply_survives_kill_9_of_its_worker(cluster, alice):
+    """Runs last of the cluster's tests: worker A does not come back."""
+    conversation = services.conversation_create(owner=alice)
+    _, reply = services.message_send(conversation=conversation, content=LONG)
+    a, b = cluster.workers.values()
+
+    async def kill_a_mid_generation() -> None:
+        layer = RedisChannelLayer(hosts=[cluster.broker_url])
+        channel = await layer.new_channel()
+        await layer.group_add(conversation.group_name, channel)
+        cluster.send_task(reply.pk, cluster.own_queue(a))
+        while True:
+            event = (await asyncio.wait_for(layer.receive(channel), 120))["event"]
+            if event["type"] == "message.delta":
+                break
+        a.kill()
+        await layer.group_discard(conversation.group_name, channel)
+
+    asyncio.run(kill_a_mid_generation())
+    wait_for(lambda: not Message.objects.get(pk=reply.pk).is_active, timeout=120,
+             what="the reply to finish on the other worker")
+    reply.refresh_from_db()
+    assert_one_complete_reply(reply)
+    assert reply.served_by == b.name
+
+
+def test_with_the_broker_down_a_message_is_refused_kept_and_retried_later(
+    private_redis, alice
+):
+    _, redis_url = _require_services()
+    layer_url = redis_url_with_db(redis_url, WORKER_REDIS_DB)
+    shared = f"gen-test-{uuid.uuid4().hex[:8]}"
+    cluster = Cluster(env=cluster_env(private_redis.url, layer_url, shared),
+                      broker_url=private_redis.url, shared_queue=shared)
+    try:
+        worker = cluster.start_worker("solo")
+        cluster.start_web("broker-down")
+        cluster.wait_ready(worker)
+        conversation = services.conversation_create(owner=alice)
+        url = f"{cluster.ws_url}/ws/chat/{conversation.pk}/"
+        cookie = session_cookie(alice)
+
+        private_redis.stop()
+        events = asyncio.run(ws_exchange(
+            url, cookie, [{"type": "send", "content": "Name a fruit."}],
+            lambda evs: any(e["type"] == "error" for e in evs) and done_for()(evs),
+        ))
+        error = next(e for e in events if e["type"] == "error")
+        assert error["code"] == "generation_unavailable"
+        assert "saved" in error["message"]
+        user_msg = Message.objects.get(conversation=conversation, role=Message.Role.USER)
+        assert user_msg.content == "Name a fruit."
+        failed = Message.objects.get(parent=user_msg)
+        assert failed.status == Message.Status.ERROR and "unavailable" in failed.error
+
+        private_redis.start()
+        events = asyncio.run(ws_exchange(
+            url, cookie, [{"type": "regenerate", "message_id": failed.pk}],
+            lambda evs: any(e["type"] == "message.done" and e["message_id"] != failed.pk
+                            for e in evs),
+        ))
+        assert not [e for e in events if e["type"] == "error"]
+        retried = Message.objects.get(parent=user_msg, status=Message.Status.DONE)
+        assert retried.served_by == worker.name and retried.generated_token_ids
+        assert Message.objects.filter(conversation=conversation).count() == 3
+    finally:
+        cluster.stop()
