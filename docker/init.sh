@@ -1,0 +1,20 @@
+#!/bin/sh
+# One-shot setup that runs before the web server and the workers start (the compose
+# service "init"): the database schema, the first admin account, and the model converted
+# once into the model cache volume, so that no two processes convert it at the same time.
+set -eu
+
+python manage.py migrate --noinput
+python manage.py ensure_admin
+python - <<'PY'
+import django
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+
+from inference.loader import resolve_model_path  # noqa: E402
+
+path = resolve_model_path(settings.LLM_MODEL, settings.LLM_MODEL_CACHE)
+print(f"Model {settings.LLM_MODEL!r} ready in {path}")
+PY
