@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench bench-multiturn bench-serve clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,14 @@ lint: install
 
 bench: install
 	$(PY) -m inference.bench
+
+bench-multiturn: install
+	$(PY) -m inference.bench multiturn
+
+# make bench-serve URL=http://127.0.0.1:8000 API_KEY=... [BENCH_ARGS="--workload prefix"]
+URL ?= http://127.0.0.1:8000
+bench-serve: install
+	$(PY) -m inference.bench serve --url $(URL) --api-key "$(API_KEY)" $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

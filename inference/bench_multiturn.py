@@ -1,0 +1,591 @@
+"""The multi-turn chat workload in-process: our engine with prefix caching, without it,
+and transformers' `generate`, on the same prompt token ids, in one run.
+
+    python -m inference.bench multiturn [--quick] [--dtype bfloat16|float32] [--threads N]
+        [--model PATH] [--out bench-results/multiturn.json] [--plot bench-results/multiturn.png]
+
+1. Cache on: N conversations (at most --concurrency at once) of T turns on a shared
+   system prompt; each turn's prompt is the previous prompt, the reply's own token
+   ids and the new user turn rendered by the tokenizer's chat template (token-level
+   history, as the chat app keeps it). Replies are greedy and exactly R tokens
+   (ignore_eos). One warm-up request with the system prompt precedes the run.
+2. Cache off: the same prompts (recorded in 1), same concurrency, on an engine
+   with enable_prefix_caching=False.
+3. transformers: `generate` on the same prompts, one request at a time (it has no
+   scheduler), for the first --hf-conversations conversations only: it is slow.
+4. A cache hit against a fresh request holding only the hit's uncached suffix,
+   one request at a time on the cache-on engine (each conversation gets one more turn).
+5. The 0 %-hit cost: the random workload (nothing shared) with the cache on and
+   off, alternating, best of --overhead-repeats runs each.
+
+The theoretical maximum cached share is exact here: per request, the longest prefix
+it shares with the tokens computed before it (the warm-up, the conversation's
+previous prompt and reply less the reply's last token), in whole blocks, never the
+prompt's last token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from inference import bench_conversations as wl
+from inference.bench_metrics import (
+    RequestRecord,
+    by_turn,
+    cacheable_from,
+    later_turns,
+    stats,
+    summarize,
+)
+from inference.bench_report import plot_ttft_by_turn, summary_table
+from inference.bench_workloads import chat_prompt_ids, next_turn_ids
+from inference.config import DEFAULT_MODEL, EngineConfig
+from inference.llm_engine import LLMEngine
+from inference.sampling_params import SamplingParams
+
+DEFAULT_OUT = Path("bench-results/multiturn.json")
+DEFAULT_PLOT = Path("bench-results/multiturn.png")
+_ids = itertools.count()
+_t0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[multiturn {time.perf_counter() - _t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class ChatSizes:
+    conversations: int
+    turns: int
+    system_tokens: int
+    user_tokens: int
+    reply_tokens: int
+    hf_conversations: int  # transformers runs this many conversations
+    random_requests: int  # the 0 %-hit workload: requests of system_tokens + user_tokens
+    overhead_repeats: int
+    hit_samples: int  # cache hit vs fresh suffix: this many pairs
+
+
+FULL = ChatSizes(
+    conversations=16,
+    turns=6,
+    system_tokens=512,
+    user_tokens=60,
+    reply_tokens=64,
+    hf_conversations=4,
+    random_requests=16,
+    overhead_repeats=2,
+    hit_samples=8,
+)
+QUICK = ChatSizes(
+    conversations=4,
+    turns=3,
+    system_tokens=128,
+    user_tokens=24,
+    reply_tokens=8,
+    hf_conversations=2,
+    random_requests=8,
+    overhead_repeats=1,
+    hit_samples=4,
+)
+
+
+# --- prompts -------------------------------------------------------------------
+class ChatPrompts:
+    """Turn prompts as token ids: built from the replies in the live run, then replayed."""
+
+    def __init__(self, tokenizer, workload: wl.Workload):
+        self.tok = tokenizer
+        self.workload = workload
+        self.recorded: dict[tuple[int, int], list[int]] = {}
+        self.replies: dict[tuple[int, int], list[int]] = {}
+
+    def _texts(self, conv: int, turn: int) -> list[dict]:
+        c = self.workload.conversations[conv]
+        replies = [self.tok.decode(self.replies[(conv, k)]) for k in range(1, turn)]
+        return c.messages(replies)
+
+    def build(self, conv: int, turn: int, prev: tuple[list[int], list[int]] | None) -> list[int]:
+        """Prompt of (conv, turn): prev is (previous prompt, its reply ids)."""
+        if prev is None:
+            ids = chat_prompt_ids(self.tok, self._texts(conv, 1))
+        else:
+            messages = self._texts(conv, turn - 1)
+            ids = next_turn_ids(
+                self.tok,
+                messages,
+                prev[0],
+                prev[1],
+                self.workload.conversations[conv].turns[turn - 1].user,
+            )
+        self.recorded[(conv, turn)] = ids
+        return ids
+
+    def replay(self, conv: int, turn: int, prev) -> list[int]:
+        return self.recorded[(conv, turn)]
+
+    def history(self, conv: int, turn: int) -> list[int]:
+        """What the engine computed for (conv, turn): its prompt and reply, less the last token."""
+        return [*self.recorded[(conv, turn)], *self.replies.get((conv, turn), [])[:-1]]
+
+
+# --- our engine ------------------------------------------------------------------
+def greedy(tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+
+
+PromptFor = Callable[[int, int, "tuple[list[int], list[int]] | None"], list[int]]
+
+
+def run_chats(
+    engine: LLMEngine,
+    conversations: int,
+    turns: list[int],
+    prompt_for: PromptFor,
+    reply_tokens: int,
+    concurrency: int,
+    replies: dict | None = None,
+) -> tuple[list[RequestRecord], float]:
+    """Drive the engine like a serving front end: a conversation's next turn is added
+    as soon as its previous reply finishes; returns (records, wall seconds). Reply ids
+    go into `replies` by (conversation, turn) when given."""
+    todo = deque(range(conversations))
+    active: dict[str, tuple[RequestRecord, list[int]]] = {}
+    records: list[RequestRecord] = []
+    params = greedy(reply_tokens)
+    total = sum(turns[:conversations])
+
+    def start(conv: int, turn: int, prev) -> None:
+        prompt = prompt_for(conv, turn, prev)
+        rid = f"chat-{next(_ids)}"
+        rec = RequestRecord(
+            conversation=conv, turn=turn, start=time.perf_counter(), prompt_tokens=len(prompt)
+        )
+        engine.add_request(rid, prompt, params)
+        active[rid] = (rec, prompt)
+
+    began = time.perf_counter()
+    while todo and len(active) < concurrency:
+        start(todo.popleft(), 1, None)
+    while active:
+        outs = engine.step()
+        now = time.perf_counter()
+        for out in outs:
+            rec, prompt = active[out.request_id]
+            if out.new_token_ids:
+                if rec.first_token is None:
+                    rec.first_token = now
+                rec.chunk_times.append(now)
+            if not out.finished:
+                continue
+            del active[out.request_id]
+            rec.end, rec.completion_tokens = now, len(out.token_ids)
+            rec.cached_tokens = out.cached_tokens
+            if out.finish_reason not in ("stop", "length"):
+                rec.error = out.error or out.finish_reason
+            records.append(rec)
+            if len(records) % max(1, total // 5) == 0:
+                log(f"  {len(records)}/{total} requests")
+            if replies is not None:
+                replies[(rec.conversation, rec.turn)] = out.token_ids
+            if rec.ok and rec.turn < turns[rec.conversation]:
+                start(rec.conversation, rec.turn + 1, (prompt, out.token_ids))
+            elif todo:
+                start(todo.popleft(), 1, None)
+    return records, time.perf_counter() - began
+
+
+def single_ttft(engine: LLMEngine, prompt: list[int]) -> tuple[float, int]:
+    """Seconds from add_request to the first token of one request alone, and its cached tokens."""
+    rid = f"one-{next(_ids)}"
+    start = time.perf_counter()
+    engine.add_request(rid, prompt, greedy(1))
+    first, cached = None, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == rid and first is None and out.new_token_ids:
+                first = time.perf_counter()
+                cached = out.cached_tokens
+    return first - start, cached
+
+
+# --- transformers --------------------------------------------------------------
+def run_transformers(
+    model,
+    prompts: ChatPrompts,
+    conversations: int,
+    turns: list[int],
+    reply_tokens: int,
+    pad_id: int,
+) -> tuple[list[RequestRecord], float]:
+    from inference.bench import hf_generate
+
+    records: list[RequestRecord] = []
+    began = time.perf_counter()
+    for conv in range(conversations):
+        for turn in range(1, turns[conv] + 1):
+            prompt = prompts.recorded[(conv, turn)]
+            rec = RequestRecord(
+                conversation=conv, turn=turn, start=time.perf_counter(), prompt_tokens=len(prompt)
+            )
+            clock, out = hf_generate(model, [prompt], reply_tokens, pad_id)
+            rec.end = time.perf_counter()
+            rec.chunk_times = clock.times[1:]
+            rec.first_token = rec.chunk_times[0]
+            rec.completion_tokens = out.shape[1]
+            records.append(rec)
+    return records, time.perf_counter() - began
+
+
+# --- the pieces ----------------------------------------------------------------
+def engine_config(
+    sizes: ChatSizes, dtype: str, model: str, caching: bool, concurrency: int
+) -> EngineConfig:
+    """A pool that holds every conversation's whole history at once (plus the random
+    workload), so nothing is evicted or preempted: the run measures the cache, not
+    the pool's size."""
+    per_conv = sizes.system_tokens + sizes.turns * (sizes.user_tokens + sizes.reply_tokens + 32)
+    chats = sizes.conversations * (per_conv // 16 + sizes.turns + 4)
+    randoms = sizes.random_requests * (
+        (sizes.system_tokens + sizes.user_tokens + sizes.reply_tokens) // 16 + 4
+    )
+    return EngineConfig(
+        model=model,
+        dtype=dtype,
+        enable_prefix_caching=caching,
+        num_blocks=max(chats, randoms) + 128,
+        max_num_seqs=max(concurrency, sizes.random_requests),
+    )
+
+
+def warm_up(engine: LLMEngine, prompt: list[int]) -> None:
+    engine.generate([prompt], greedy(4))
+
+
+def hit_versus_fresh(
+    engine: LLMEngine, prompts: ChatPrompts, workload: wl.Workload, sizes: ChatSizes, seed: int
+) -> dict:
+    """Per conversation, one more turn (a cache hit on its whole history) and then a
+    fresh request made of only that turn's uncached tokens; alternating, one at a time."""
+    count = wl.token_counter(prompts.tok)
+    hits, fresh, pairs = [], [], []
+    for conv in range(min(sizes.hit_samples, sizes.conversations)):
+        last = sizes.turns
+        prompt_last = prompts.recorded[(conv, last)]
+        reply = prompts.replies[(conv, last)]
+        user, _ = wl.make_text(wl._rng(seed, "extra", conv), sizes.user_tokens, count)
+        messages = prompts._texts(conv, last)
+        ids = next_turn_ids(prompts.tok, messages, prompt_last, reply, user)
+        t_hit, cached = single_ttft(engine, ids)
+        suffix = ids[cached:]
+        t_fresh, cached_fresh = single_ttft(engine, suffix)
+        hits.append(t_hit)
+        fresh.append(t_fresh)
+        pairs.append(
+            {
+                "prompt_tokens": len(ids),
+                "cached_tokens": cached,
+                "suffix_tokens": len(suffix),
+                "suffix_cached_tokens": cached_fresh,
+                "hit_ttft_s": t_hit,
+                "fresh_ttft_s": t_fresh,
+            }
+        )
+    h, f = stats(hits), stats(fresh)
+    return {
+        "hit_ttft_s": h,
+        "fresh_suffix_ttft_s": f,
+        "hit_over_fresh_p50": h["p50"] / f["p50"] if f["p50"] else None,
+        "pairs": pairs,
+    }
+
+
+def zero_hit_overhead(on: LLMEngine, off: LLMEngine, sizes: ChatSizes, seed: int) -> dict:
+    """Throughput on the random workload (nothing shared), cache on vs off: same
+    prompts, all at once, alternating on/off, best run of each kept."""
+    tok = on.tokenizer
+    workload = wl.random_requests(
+        sizes.random_requests, sizes.system_tokens, sizes.user_tokens, sizes.reply_tokens, seed, tok
+    )
+    prompts = [chat_prompt_ids(tok, c.messages([])) for c in workload.conversations]
+    n = len(prompts)
+    runs: dict[str, list[dict]] = {"on": [], "off": []}
+    for _ in range(sizes.overhead_repeats):
+        for name, engine in (("on", on), ("off", off)):
+            engine.reset_prefix_cache()  # the same prompts again must not hit
+            records, seconds = run_chats(
+                engine, n, [1] * n, lambda c, t, p: prompts[c], sizes.reply_tokens, n
+            )
+            s = summarize(records, seconds)
+            runs[name].append(
+                {
+                    k: s[k]
+                    for k in (
+                        "duration_s",
+                        "total_token_throughput",
+                        "output_throughput",
+                        "cached_tokens",
+                        "completed",
+                    )
+                }
+            )
+    best = {k: max(r["total_token_throughput"] for r in v) for k, v in runs.items()}
+    ratio = best["on"] / best["off"]
+    return {
+        "workload": workload.describe(),
+        "runs": runs,
+        "best_total_tokens_per_s": best,
+        "on_over_off": ratio,
+        "cost_percent": (1 - ratio) * 100,
+    }
+
+
+def system_result(
+    records: list[RequestRecord],
+    seconds: float,
+    prompts: ChatPrompts,
+    warm: list[int],
+    block_size: int,
+    note: str,
+) -> dict:
+    for r in records:
+        earlier = [warm] + ([prompts.history(r.conversation, r.turn - 1)] if r.turn > 1 else [])
+        r.max_cached_tokens = cacheable_from(
+            prompts.recorded[(r.conversation, r.turn)], earlier, block_size
+        )
+    later = later_turns(records)
+    return {
+        "note": note,
+        "summary": summarize(records, seconds),
+        "turns_2_plus": {
+            "ttft_s": stats(r.ttft for r in later if r.ok),
+            **{
+                k: v
+                for k, v in summarize(later, seconds).items()
+                if k.startswith(("cached", "max_cached", "prompt"))
+            },
+        },
+        "by_turn": by_turn(records),
+        "requests": [r.as_dict() for r in records],
+    }
+
+
+def ratios(systems: dict, hit: dict, overhead: dict) -> dict:
+    def p50(name: str) -> float | None:
+        return systems[name]["turns_2_plus"]["ttft_s"]["p50"] if name in systems else None
+
+    on, off, hf = p50("cache_on"), p50("cache_off"), p50("transformers")
+    share = systems["cache_on"]["summary"]["cached_share_of_max"]
+    out = {
+        "ttft_p50_turns_2_plus_s": {"cache_on": on, "cache_off": off, "transformers": hf},
+        "ttft_turns_2_plus_cache_on_over_off": on / off if on and off else None,
+        "ttft_turns_2_plus_cache_on_over_transformers": on / hf if on and hf else None,
+        "cached_share_of_theoretical_max": share,
+        "hit_over_fresh_suffix_ttft_p50": hit["hit_over_fresh_p50"],
+        "zero_hit_cache_on_over_off_throughput": overhead["on_over_off"],
+        "output_throughput_tok_s": {
+            k: v["summary"]["output_throughput"] for k, v in systems.items()
+        },
+    }
+    checks = [
+        ("cached share >= 95 % of the theoretical max", share, lambda x: x >= 0.95),
+        (
+            "TTFT p50 turns >= 2: cache on <= 0.2 x off",
+            out["ttft_turns_2_plus_cache_on_over_off"],
+            lambda x: x <= 0.2,
+        ),
+        (
+            "TTFT of a cache hit <= 1.5 x fresh uncached suffix",
+            out["hit_over_fresh_suffix_ttft_p50"],
+            lambda x: x <= 1.5,
+        ),
+        (
+            "cache on at 0 % hits costs <= 3 % throughput",
+            out["zero_hit_cache_on_over_off_throughput"],
+            lambda x: x >= 0.97,
+        ),
+    ]
+    out["targets"] = {
+        name: {"value": v, "met": None if v is None else bool(ok(v))} for name, v, ok in checks
+    }
+    return out
+
+
+def run(
+    sizes: ChatSizes,
+    dtype: str,
+    model: str = DEFAULT_MODEL,
+    concurrency: int | None = None,
+    seed: int = 0,
+    quick: bool = False,
+) -> dict:
+    started = time.perf_counter()
+    concurrency = concurrency or sizes.conversations
+    log(f"loading two engines ({dtype})")
+    on = LLMEngine(engine_config(sizes, dtype, model, True, concurrency))
+    off = LLMEngine(engine_config(sizes, dtype, model, False, concurrency))
+    tok, bs = on.tokenizer, on.config.block_size
+    workload = wl.multiturn(
+        sizes.conversations,
+        sizes.turns,
+        sizes.system_tokens,
+        sizes.user_tokens,
+        sizes.reply_tokens,
+        seed,
+        tok,
+    )
+    prompts = ChatPrompts(tok, workload)
+    warm = chat_prompt_ids(tok, workload.warmup_messages())
+    turns = [sizes.turns] * sizes.conversations
+    systems: dict[str, dict] = {}
+
+    log(f"cache on: {sizes.conversations} conversations x {sizes.turns} turns")
+    warm_up(on, warm)
+    records, seconds = run_chats(
+        on,
+        sizes.conversations,
+        turns,
+        prompts.build,
+        sizes.reply_tokens,
+        concurrency,
+        prompts.replies,
+    )
+    systems["cache_on"] = system_result(
+        records, seconds, prompts, warm, bs, "our engine, prefix caching on"
+    )
+    log("cache hit vs fresh uncached suffix")
+    hit = hit_versus_fresh(on, prompts, workload, sizes, seed)
+
+    log("cache off: the same prompts")
+    warm_up(off, warm)
+    records, seconds = run_chats(
+        off, sizes.conversations, turns, prompts.replay, sizes.reply_tokens, concurrency
+    )
+    systems["cache_off"] = system_result(
+        records, seconds, prompts, warm, bs, "our engine, prefix caching off"
+    )
+
+    log("0 %-hit workload, cache on vs off")
+    overhead = zero_hit_overhead(on, off, sizes, seed)
+    del on, off
+    gc.collect()
+
+    n_hf = min(sizes.hf_conversations, sizes.conversations)
+    log(f"transformers generate: {n_hf} conversations, one request at a time")
+    from inference.bench import load_hf_model, pad_token_id
+
+    hf = load_hf_model(model, dtype)
+    pad = pad_token_id(tok)
+    run_transformers(hf, prompts, 1, [1], 2, pad)  # warm-up
+    records, seconds = run_transformers(hf, prompts, n_hf, turns, sizes.reply_tokens, pad)
+    systems["transformers"] = system_result(
+        records,
+        seconds,
+        prompts,
+        warm,
+        bs,
+        f"transformers generate, one request at a time, first {n_hf} conversations",
+    )
+    del hf
+    gc.collect()
+
+    return {
+        "kind": "multiturn",
+        "environment": {
+            "dtype": dtype,
+            "quick": quick,
+            "model": model,
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "concurrency": concurrency,
+            "block_size": bs,
+        },
+        "sizes": asdict(sizes),
+        "workload": workload.describe(),
+        "systems": systems,
+        "hit_vs_fresh": hit,
+        "zero_hit_overhead": overhead,
+        "ratios": ratios(systems, hit, overhead),
+        "total_seconds": time.perf_counter() - started,
+    }
+
+
+def report(result: dict) -> str:
+    lines = []
+    for name, sys_result in result["systems"].items():
+        lines.append(
+            summary_table(
+                f"{name} ({sys_result['note']})", sys_result["summary"], sys_result["by_turn"]
+            )
+        )
+    r = result["ratios"]
+    lines.append(" Ratios ".center(50, "="))
+    for name, t in r["targets"].items():
+        mark = {True: "met", False: "MISSED", None: "-"}[t["met"]]
+        value = "-" if t["value"] is None else f"{t['value']:.3f}"
+        lines.append(f"{name:<52}{value:>8}  {mark}")
+    p50 = r["ttft_p50_turns_2_plus_s"]
+    lines.append(
+        "TTFT p50, turns >= 2 (ms): "
+        + ", ".join(f"{k} {v * 1000:.1f}" for k, v in p50.items() if v is not None)
+    )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m inference.bench multiturn",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n", 2)[2],
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes: about a minute")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument(
+        "--concurrency", type=int, default=None, help="conversations in flight (default: all)"
+    )
+    p.add_argument(
+        "--hf-conversations",
+        type=int,
+        default=None,
+        help="conversations transformers replays (default: 4, quick: 2)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--plot", type=Path, default=DEFAULT_PLOT)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = QUICK if args.quick else FULL
+    if args.hf_conversations is not None:
+        sizes = replace(sizes, hf_conversations=args.hf_conversations)
+    result = run(sizes, args.dtype, args.model, args.concurrency, args.seed, args.quick)
+    print(report(result))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {args.out}")
+    series = {name: s["by_turn"] for name, s in result["systems"].items()}
+    title = (
+        f"TTFT by turn, {sizes.conversations} chats x {sizes.turns} turns, "
+        f"{sizes.system_tokens}-token system prompt"
+    )
+    if plot_ttft_by_turn(series, args.plot, title):
+        log(f"wrote {args.plot}")
+    return result

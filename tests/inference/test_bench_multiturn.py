@@ -1,0 +1,91 @@
+"""Smoke test of `python -m inference.bench multiturn` on the 2-layer random model: every
+system and figure is reported, and the cache figures obey their ceilings. Timings are
+never asserted."""
+
+import json
+
+import pytest
+import torch
+
+from inference import bench, bench_multiturn
+
+MICRO = bench_multiturn.ChatSizes(
+    conversations=2,
+    turns=2,
+    system_tokens=40,
+    user_tokens=8,
+    reply_tokens=3,
+    hf_conversations=1,
+    random_requests=2,
+    overhead_repeats=1,
+    hit_samples=1,
+)
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_multiturn_reports_every_system(tiny_model, tmp_path, monkeypatch, one_thread):
+    monkeypatch.setattr(bench_multiturn, "QUICK", MICRO)
+    out, png = tmp_path / "multiturn.json", tmp_path / "multiturn.png"
+    result = bench.main(
+        [
+            "multiturn",
+            "--quick",
+            "--model",
+            str(tiny_model),
+            "--dtype",
+            "float32",
+            "--out",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    if png.exists():  # matplotlib is a dev dependency
+        assert png.read_bytes()[:4] == b"\x89PNG"
+
+    systems = result["systems"]
+    assert set(systems) == {"cache_on", "cache_off", "transformers"}
+    assert systems["cache_on"]["summary"]["completed"] == 4
+    assert systems["cache_off"]["summary"]["completed"] == 4
+    assert systems["transformers"]["summary"]["completed"] == 2  # one conversation
+    for name, s in systems.items():
+        for r in s["requests"]:
+            assert r["completion_tokens"] == 3, name  # exactly R tokens: EOS is ignored
+            assert 0 <= r["cached_tokens"] <= r["max_cached_tokens"] < r["prompt_tokens"]
+        assert [t["turn"] for t in s["by_turn"]] == [1, 2]
+        assert s["turns_2_plus"]["ttft_s"]["count"] > 0
+    # The same prompts everywhere.
+    prompt_sizes = {
+        name: {(r["conversation"], r["turn"]): r["prompt_tokens"] for r in s["requests"]}
+        for name, s in systems.items()
+    }
+    assert prompt_sizes["cache_on"] == prompt_sizes["cache_off"]
+    assert prompt_sizes["transformers"].items() <= prompt_sizes["cache_on"].items()
+
+    on = systems["cache_on"]
+    assert on["summary"]["cached_tokens"] > 0
+    assert systems["cache_off"]["summary"]["cached_tokens"] == 0
+    # Turn 2 reuses its whole history: the ceiling is reached exactly.
+    for r in on["requests"]:
+        if r["turn"] == 2:
+            assert r["cached_tokens"] == r["max_cached_tokens"] > 0
+
+    hit = result["hit_vs_fresh"]["pairs"][0]
+    assert hit["cached_tokens"] > 0 and hit["suffix_cached_tokens"] == 0
+    assert hit["suffix_tokens"] == hit["prompt_tokens"] - hit["cached_tokens"]
+    overhead = result["zero_hit_overhead"]
+    assert all(run["cached_tokens"] == 0 for runs in overhead["runs"].values() for run in runs)
+    assert overhead["on_over_off"] > 0
+
+    ratios = result["ratios"]
+    assert ratios["ttft_turns_2_plus_cache_on_over_off"] > 0
+    assert 0 < ratios["cached_share_of_theoretical_max"] <= 1
+    assert len(ratios["targets"]) == 4
