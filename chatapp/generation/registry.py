@@ -31,7 +31,7 @@ _PRIORITY_STEPS = (3, 6, 9)
 MISSED_BEATS = 3
 
 _client = None
-_client_pid = None
+_client_key: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,15 @@ def available() -> bool:
 
 def client():
     """A Redis client on the broker, one per process (a forked worker child makes its own)."""
-    global _client, _client_pid
-    if _client is None or _client_pid != os.getpid():
+    global _client, _client_key
+    key = (os.getpid(), settings.CELERY_BROKER_URL)
+    if _client is None or _client_key != key:
         import redis
 
         _client = redis.Redis.from_url(
             settings.CELERY_BROKER_URL, socket_timeout=2, socket_connect_timeout=2
         )
-        _client_pid = os.getpid()
+        _client_key = key
     return _client
 
 

@@ -138,6 +138,35 @@ def test_turns_stay_on_the_worker_that_holds_their_blocks_until_it_is_saturated(
     assert third.served_by == other.name
 
 
+def test_stop_on_the_page_reaches_the_worker(cluster, alice):
+    conversation = services.conversation_create(owner=alice)
+    url = f"{cluster.ws_url}/ws/chat/{conversation.pk}/"
+    cookie = session_cookie(alice)
+
+    async def send_then_stop() -> list[dict]:
+        from websockets.asyncio.client import connect
+
+        headers = {"Cookie": f"sessionid={cookie}", "Origin": cluster.web_url}
+        events: list[dict] = []
+        async with connect(url, additional_headers=headers) as ws:
+            await ws.recv()  # hello
+            await ws.send(json.dumps({"type": "send", "content": LONG}))
+            while not done_for()(events):
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 120)))
+                if events[-1]["type"] == "message.delta" and events[-1]["seq"] == 1:
+                    await ws.send(json.dumps({"type": "stop"}))
+        return events
+
+    events = asyncio.run(send_then_stop())
+    done = events[-1]["message"]
+    assert not [e for e in events if e["type"] == "error"]
+    reply = Message.objects.get(pk=done["id"])
+    assert reply.status == Message.Status.STOPPED and reply.finish_reason == "abort"
+    assert reply.served_by in cluster.workers
+    # Stopped well before its 48 tokens, with the text so far kept.
+    assert 0 < len(reply.generated_token_ids) < 40 and reply.content == done["content"]
+
+
 def test_a_reply_survives_kill_9_of_its_worker(cluster, alice):
     """Runs last of the cluster's tests: worker A does not come back."""
     conversation = services.conversation_create(owner=alice)
