@@ -138,6 +138,43 @@ def test_turns_stay_on_the_worker_that_holds_their_blocks_until_it_is_saturated(
     assert third.served_by == other.name
 
 
+def test_the_conversations_api_gets_a_worker_s_reply_and_its_stop_reaches_the_worker(
+    cluster, alice
+):
+    import urllib.request
+
+    from chatapp.api.services import api_key_create
+
+    _, key = api_key_create(user=alice)
+    conversation = services.conversation_create(owner=alice)
+    base = f"{cluster.web_url}/api/conversations/{conversation.pk}/messages/"
+
+    def post(url: str, body: dict | None = None) -> dict:
+        request = urllib.request.Request(
+            url, data=json.dumps(body or {}).encode(), method="POST",
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.loads(response.read())
+
+    # Not streamed: the answer comes when the worker has finished.
+    turn_data = post(base, {"content": "Name a planet."})
+    reply = Message.objects.get(pk=turn_data["reply"]["id"])
+    assert turn_data["reply"]["status"] == "done" and turn_data["reply"]["content"]
+    assert_one_complete_reply(reply)
+    assert reply.served_by in cluster.workers
+
+    # A long reply, stopped through the API while a worker generates it.
+    _, long_reply = services.message_send(conversation=conversation, content=LONG)
+    cluster.send_task(long_reply.pk, cluster.shared_queue)
+    wait_for(lambda: Message.objects.get(pk=long_reply.pk).status == "streaming")
+    post(f"{base}{long_reply.pk}/stop/")
+    wait_for(lambda: not Message.objects.get(pk=long_reply.pk).is_active)
+    long_reply.refresh_from_db()
+    assert long_reply.status == Message.Status.STOPPED, long_reply.status
+    assert len(long_reply.generated_token_ids) < 40
+
+
 def test_stop_on_the_page_reaches_the_worker(cluster, alice):
     conversation = services.conversation_create(owner=alice)
     url = f"{cluster.ws_url}/ws/chat/{conversation.pk}/"
