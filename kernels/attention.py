@@ -156,13 +156,29 @@ def _batched_decode(
     scale: float,
     out: torch.Tensor,
 ) -> None:
-    """One attention call for all single-token queries, padded to the longest context."""
-    b, nb = d.tables.shape
-    k = k_cache[d.tables].reshape(b, nb * k_cache.shape[1], *k_cache.shape[2:])[:, : d.max_len]
-    v = v_cache[d.tables].reshape(b, nb * v_cache.shape[1], *v_cache.shape[2:])[:, : d.max_len]
-    q = query.index_select(0, d.token_idx).unsqueeze(2)  # [B, H, 1, D]
-    o = F.scaled_dot_product_attention(
-        q.to(k.dtype), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=d.mask, scale=scale, enable_gqa=True,
-    )
-    out.index_copy_(0, d.token_idx, o[:, :, 0].to(out.dtype))
+    """One attention pass for all single-token queries, padded to the longest context.
+
+    Written as two matmuls around a softmax rather than with
+    scaled_dot_product_attention: on CPU, SDPA's masked bf16 path for one-token
+    queries is 5-18x slower than this (measured at 32 sequences, 32-1,500
+    tokens), and for fp32 it is no faster. The matmuls run in the cache's dtype
+    (they accumulate in fp32); the softmax runs in fp32, as in transformers'
+    eager attention. The heads sharing a KV head are stacked as rows of one
+    matmul, so K/V are never repeated for grouped-query attention.
+    """
+    b = d.tables.shape[0]
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    group = query.shape[1] // kv_heads
+    # index_select on the flattened table: ~6x cheaper than advanced indexing on CPU.
+    blocks = d.tables.reshape(-1)
+    # Then [B, kv_heads, L, D], contiguous: a matmul over a permuted view is ~7x slower.
+    k = k_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : d.max_len]
+    v = v_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : d.max_len]
+    k = k.transpose(1, 2).contiguous()
+    v = v.transpose(1, 2).contiguous()
+    q = query.index_select(0, d.token_idx).to(k.dtype).view(b, kv_heads, group, head_dim)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale)  # [B, kv, group, L]
+    scores.masked_fill_(~d.mask, float("-inf"))
+    weights = scores.softmax(-1).to(v.dtype)
+    o = torch.matmul(weights, v)  # [B, kv_heads, group, D]
+    out.index_copy_(0, d.token_idx, o.reshape(b, -1, head_dim).to(out.dtype))
