@@ -88,11 +88,12 @@ def replies_recover_stale(*, conversation: Conversation) -> list[Message]:
     return stale
 
 
-def reply_heartbeat(*, reply_id: int, lease: str = "") -> None:
+def reply_heartbeat(*, reply_id: int, lease: str = "") -> bool:
+    """Touch a running reply; False when its claim `lease` was taken over (or it is gone)."""
     replies = Message.objects.filter(pk=reply_id)
     if lease:
         replies = replies.filter(lease=lease)  # a generation that lost its claim stays silent
-    replies.update(updated_at=timezone.now())
+    return bool(replies.update(updated_at=timezone.now()))
 
 
 class Claim:
@@ -144,7 +145,8 @@ def reply_request_stop(*, reply_id: int) -> bool:
 
 
 def reply_stop_requested(*, reply_id: int) -> bool:
-    return Message.objects.filter(pk=reply_id, stop_requested=True).exists()
+    """True once a stop was asked for, or the reply was deleted with its conversation."""
+    return not Message.objects.filter(pk=reply_id, stop_requested=False).exists()
 
 
 def _ensure_idle(conversation: Conversation) -> None:

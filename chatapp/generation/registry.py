@@ -40,6 +40,7 @@ class WorkerState:
     queue: str
     active: int
     seen: float  # unix time of the last beat
+    ready: bool = True  # its engine is loaded
 
 
 def own_queue(worker_name: str) -> str:
@@ -69,8 +70,9 @@ def client():
     return _client
 
 
-def beat(worker_name: str, *, active: int) -> None:
-    record = {"queue": own_queue(worker_name), "active": active, "seen": time.time()}
+def beat(worker_name: str, *, active: int, ready: bool = True) -> None:
+    record = {"queue": own_queue(worker_name), "active": active, "seen": time.time(),
+              "ready": ready}
     client().hset(_registry_key(), worker_name, json.dumps(record))
 
 
@@ -86,7 +88,8 @@ def workers() -> list[WorkerState]:
             record = json.loads(raw)
             out.append(WorkerState(name=name.decode(), queue=record["queue"],
                                    active=int(record.get("active", 0)),
-                                   seen=float(record["seen"])))
+                                   seen=float(record["seen"]),
+                                   ready=bool(record.get("ready", True))))
         except (ValueError, KeyError, TypeError):
             continue
     return out

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 _stop_requested: set[int] = set()
 # Replies this process is generating now.
 _running: set[int] = set()
+# Replies whose claim another generation took over: this process aborts and goes quiet.
+_superseded: set[int] = set()
 
 
 @dataclass
@@ -56,6 +58,13 @@ def group_event(event: dict) -> dict:
 
 async def publish(group: str, event: dict) -> None:
     await get_channel_layer().group_send(group, group_event(event))
+
+
+async def _publish_reply(group: str, event: dict) -> None:
+    """publish() for a reply's own events, unless its claim went to another generation
+    (the page must not see two streams for one reply)."""
+    if event.get("message_id") not in _superseded:
+        await publish(group, event)
 
 
 def _prepare(reply_id: int, engine) -> PreparedReply:
@@ -179,6 +188,7 @@ async def run_reply(reply_id: int, *, lease: str = "") -> dict:
             watcher.cancel()
         _running.discard(reply_id)
         _stop_requested.discard(reply_id)
+        _superseded.discard(reply_id)
 
 
 async def _heartbeat(reply_id: int, lease: str = "") -> None:
@@ -186,7 +196,12 @@ async def _heartbeat(reply_id: int, lease: str = "") -> None:
     touch = database_sync_to_async(chat_services.reply_heartbeat)
     while True:
         await asyncio.sleep(settings.CHAT_HEARTBEAT_S)
-        await touch(reply_id=reply_id, lease=lease)
+        if not await touch(reply_id=reply_id, lease=lease) and lease:
+            # Another worker took the reply over (ours looked dead): stop generating it.
+            log.warning("Reply %s was taken over by another generation; aborting ours", reply_id)
+            _superseded.add(reply_id)
+            stop_reply(reply_id)
+            return
 
 
 async def _watch_stop_flag(reply_id: int) -> None:
@@ -225,7 +240,7 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
         return final
 
     reply, group, prompt = prepared.reply, prepared.group, prepared.prompt
-    await publish(group, {"type": "message.started", "message_id": reply_id,
+    await _publish_reply(group, {"type": "message.started", "message_id": reply_id,
                           "prompt_tokens": len(prompt.token_ids)})
     params = SamplingParams(
         max_tokens=prompt.max_new_tokens,
@@ -251,7 +266,7 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
             batcher.add(out.text_delta, len(out.new_token_ids))
             if batcher.due() and not out.finished:
                 seq, text = batcher.take()
-                await publish(group, {"type": "message.delta", "message_id": reply_id,
+                await _publish_reply(group, {"type": "message.delta", "message_id": reply_id,
                                       "seq": seq, "text": text})
     except _StoppedEarly:
         pass  # recorded as stopped below, with no tokens
@@ -265,14 +280,14 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
 
     if batcher.text:
         seq, text = batcher.take()
-        await publish(group, {"type": "message.delta", "message_id": reply_id,
+        await _publish_reply(group, {"type": "message.delta", "message_id": reply_id,
                               "seq": seq, "text": text})
 
     fields = _final_fields(prompt, last, error=error)
     final = await database_sync_to_async(_finish)(reply_id, lease, **fields)
     if final is None:
         return {}
-    await publish(group, {"type": "message.done", "message_id": reply_id,
+    await _publish_reply(group, {"type": "message.done", "message_id": reply_id,
                           "seq": batcher.seq + 1, "message": final})
     return final
 

@@ -66,8 +66,10 @@ def _stop_child(**kwargs) -> None:
 
 
 def _beat_once() -> None:
+    from chatapp.generation.engine import loaded_engine
+
     try:
-        registry.beat(_name, active=_active)
+        registry.beat(_name, active=_active, ready=loaded_engine() is not None)
         registry.sweep_dead()
     except Exception:
         log.warning("Worker heartbeat failed", exc_info=True)
@@ -87,8 +89,8 @@ def worker_name(hostname: str | None) -> str:
 def generate(reply_id: int, *, holder: str) -> dict:
     """Run the task for reply `reply_id`: claim it, generate it, report the outcome.
 
-    {"outcome": "generated" | "finished" | "gone" | "busy", ...}; "busy" means another
-    live generation holds the reply and the caller should try again later.
+    {"outcome": "generated" | "superseded" | "finished" | "gone" | "busy", ...}; "busy"
+    means another live generation holds the reply and the caller should try again later.
     """
     from chatapp.generation.services import run_reply
 
@@ -107,5 +109,7 @@ def generate(reply_id: int, *, holder: str) -> dict:
         _active -= 1
         _beat_once()
         close_old_connections()
+    if not final:  # taken over by another worker meanwhile, or deleted: nothing written
+        return {"reply_id": reply_id, "outcome": "superseded", "worker": holder}
     return {"reply_id": reply_id, "outcome": "generated", "worker": holder,
             "status": final.get("status")}

@@ -145,12 +145,18 @@ class Cluster:
         return worker
 
     def wait_ready(self, *workers: Worker) -> None:
-        """Until each worker's pool child beats in the registry (its engine is loading)."""
+        """Until each worker's pool child beats in the registry with its engine loaded, so
+        that no test's generation includes loading the model."""
         key = f"prefixchat:workers:{self.shared_queue}"
         redis = redis_client(self.broker_url)
         deadline = time.monotonic() + WAIT_S
+
+        def ready(name: str) -> bool:
+            record = redis.hget(key, name)
+            return bool(record) and json.loads(record).get("ready", False)
+
         for worker in workers:
-            while not redis.hexists(key, worker.name):
+            while not ready(worker.name):
                 if worker.proc.poll() is not None:
                     raise RuntimeError(f"worker exited:\n{worker.log.read_text()[-3000:]}")
                 if time.monotonic() > deadline:
@@ -175,6 +181,7 @@ class Cluster:
         with contextlib.suppress(Exception):
             redis = redis_client(self.broker_url)
             keys = list(redis.scan_iter(f"{self.shared_queue}*"))
+            keys += list(redis.scan_iter(f"_kombu.binding.{self.shared_queue}*"))
             redis.delete(f"prefixchat:workers:{self.shared_queue}", *keys)
 
 
@@ -199,12 +206,14 @@ def cluster_env(broker_url: str, layer_url: str, shared_queue: str) -> dict:
         # A small KV pool each: quicker to set up, and two workers share the machine.
         "LLM_NUM_BLOCKS": "256",
         "LLM_MAX_NUM_SEQS": "4",
-        # Short beats and timeouts, so a killed worker is noticed in seconds, not an hour.
+        # Short beats and timeouts, so a killed worker is noticed in seconds, not an hour
+        # (yet above a generation here, with room for two loaded cores: a task redelivered
+        # while its worker still runs it waits, but a test expects none).
         "CHAT_HEARTBEAT_S": "1",
-        "CHAT_STALE_REPLY_S": "3",
+        "CHAT_STALE_REPLY_S": "5",
         "CHAT_STOP_POLL_S": "0.2",
         "CELERY_WORKER_HEARTBEAT_S": "1",
-        "CELERY_VISIBILITY_TIMEOUT": "5",
+        "CELERY_VISIBILITY_TIMEOUT": "12",
         "CELERY_AFFINITY_MAX_QUEUE": "1",
     }
     env.pop("DJANGO_DEBUG", None)

@@ -132,9 +132,10 @@ class TestClaim:
         # The replaced generation may no longer write the reply, nor keep it alive.
         assert generation._finish(reply.pk, old, status=Message.Status.DONE) is None
         Message.objects.filter(pk=reply.pk).update(updated_at=stale)
-        services.reply_heartbeat(reply_id=reply.pk, lease=old)
+        # (its heartbeat says so, and the generation then aborts itself)
+        assert services.reply_heartbeat(reply_id=reply.pk, lease=old) is False
         assert Message.objects.get(pk=reply.pk).updated_at == stale
-        services.reply_heartbeat(reply_id=reply.pk, lease=new)
+        assert services.reply_heartbeat(reply_id=reply.pk, lease=new) is True
         assert Message.objects.get(pk=reply.pk).updated_at > stale
         assert generation._finish(reply.pk, new, status=Message.Status.DONE)["status"] == "done"
 
