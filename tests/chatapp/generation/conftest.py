@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -244,8 +245,8 @@ def private_redis():
     """A redis-server of the test's own on a spare port, which the test may stop and
     start again without disturbing anything else."""
     _require_services()
-    binary = "/usr/bin/redis-server"
-    if not os.path.exists(binary):
+    binary = shutil.which("redis-server")
+    if binary is None:
         pytest.skip("redis-server is not installed")
     port = _free_port()
     server = PrivateRedis(binary, port)
