@@ -19,7 +19,10 @@ Server -> client:
   {"type": "message.delta", "message_id", "seq", "text"} seq counts 1, 2, 3... per reply
   {"type": "message.done", "message_id", "seq", "message": {..., "usage": {...}}}
   {"type": "conversation.updated", "conversation": {...}}
-  {"type": "error", "code", "message", "request_type"}  the socket stays open
+  {"type": "error", "code", "message", "request_type"}  the socket stays open; code
+                                                         "generation_unavailable": a reply
+                                                         for a worker could not be queued
+                                                         (the message is kept; regenerate)
   {"type": "pong"}
 
 Close codes: 4401 not logged in; 4404 no such conversation for this user (another
