@@ -65,7 +65,10 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Insertion order = eviction order: the front is evicted first.
         self.free_queue: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
-        self.cached: dict[bytes, Block] = {}
+        # hash -> the blocks holding that content. Usually one; two sequences that
+        # compute the same block at once give two, and when one of them is evicted
+        # the other must stay findable.
+        self.cached: dict[bytes, dict[int, Block]] = {}
         self.num_evictions = 0
 
     # --- queries -------------------------------------------------------------
@@ -82,7 +85,10 @@ class BlockPool:
         return sum(1 for b in self.free_queue.values() if b.block_hash is not None)
 
     def lookup(self, block_hash: bytes) -> Block | None:
-        return self.cached.get(block_hash) if self.enable_caching else None
+        if not self.enable_caching:
+            return None
+        holders = self.cached.get(block_hash)
+        return next(iter(holders.values())) if holders else None
 
     # --- changes -------------------------------------------------------------
     def touch(self, blocks: Iterable[Block]) -> None:
@@ -123,21 +129,22 @@ class BlockPool:
             return
         block.block_hash = block_hash
         block.token_ids = tuple(token_ids)
-        # Two sequences may compute the same block at once; the first one stays findable.
-        self.cached.setdefault(block_hash, block)
+        self.cached.setdefault(block_hash, {})[block.block_id] = block
 
     def _evict(self, b: Block) -> None:
         if b.block_hash is None:
             return
-        if self.cached.get(b.block_hash) is b:
-            del self.cached[b.block_hash]
+        holders = self.cached.get(b.block_hash)
+        if holders is not None and holders.pop(b.block_id, None) is not None:
             self.num_evictions += 1
+            if not holders:
+                del self.cached[b.block_hash]
         b.block_hash = None
         b.token_ids = None
 
     def reset_prefix_cache(self) -> int:
         """Forget every hash; returns how many blocks were cached. Running requests go on."""
-        n = len(self.cached)
+        n = sum(len(holders) for holders in self.cached.values())
         for b in self.blocks:
             b.block_hash = None
             b.token_ids = None

@@ -112,9 +112,16 @@ class BlockPoolMachine(RuleBasedStateMachine):
         used = sum(1 for b in pool.blocks if b.ref_cnt > 0)
         assert pool.num_free_blocks + used == NUM_BLOCKS
         assert pool.num_used_blocks == used
-        for h, block in pool.cached.items():
-            assert block.block_hash == h
-            assert list(block.token_ids) == self.slots[block.block_id]
+        for h, holders in pool.cached.items():
+            assert holders
+            for block in holders.values():
+                assert block.block_hash == h
+                assert list(block.token_ids) == self.slots[block.block_id]
+        # Every block carrying a hash is findable by it (a duplicate's eviction
+        # must not hide the other holder).
+        for block in pool.blocks:
+            if block.block_hash is not None:
+                assert block.block_id in pool.cached[block.block_hash]
 
 
 BlockPoolMachine.TestCase.settings = settings(

@@ -93,3 +93,19 @@ def test_eviction_takes_least_recently_used_and_chain_tail_first(make_engine):
     # b's extra block evicted the next of a's chain from the tail: a keeps its head.
     assert ra.cached_tokens == 32
     assert engine.metrics_snapshot()["evictions"] > 0
+
+
+def test_same_block_computed_twice_stays_findable_after_one_copy_is_evicted():
+    """Two sequences that fill the same block at once hold two copies under one
+    hash; evicting the free copy must leave the live one findable."""
+    from inference.block_pool import BlockPool, hash_block
+
+    pool = BlockPool(4)
+    a, b = pool.allocate(2)
+    h = hash_block(None, [1, 2, 3, 4])
+    pool.cache_block(a, h, [1, 2, 3, 4])
+    pool.cache_block(b, h, [1, 2, 3, 4])
+    pool.free([a])
+    pool.allocate(pool.num_free_blocks)  # pressure evicts the free copy
+    assert a.block_hash is None
+    assert pool.lookup(h) is b
