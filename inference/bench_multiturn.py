@@ -3,6 +3,10 @@ and transformers' `generate`, on the same prompt token ids, in one run.
 
     python -m inference.bench multiturn [--quick] [--dtype bfloat16|float32] [--threads N]
         [--model PATH] [--out bench-results/multiturn.json] [--plot bench-results/multiturn.png]
+        [--num-conversations N] [--turns T] [--system-tokens S] [--user-tokens U]
+        [--reply-tokens R] [--conversations FILE.jsonl] [--concurrency C]
+
+Sizes: 16 conversations x 6 turns, S=512, U=60, R=64 (--quick: 4 x 3, S=128, U=24, R=8).
 
 1. Cache on: N conversations (at most --concurrency at once) of T turns on a shared
    system prompt; each turn's prompt is the previous prompt, the reply's own token
@@ -13,10 +17,11 @@ and transformers' `generate`, on the same prompt token ids, in one run.
    with enable_prefix_caching=False.
 3. transformers: `generate` on the same prompts, one request at a time (it has no
    scheduler), for the first --hf-conversations conversations only: it is slow.
-4. A cache hit against a fresh request holding only the hit's uncached suffix,
-   one request at a time on the cache-on engine (each conversation gets one more turn).
+4. One request alone (each conversation gets one more turn): its TTFT with the cache
+   hit, the TTFT of a fresh request holding only its uncached suffix, and the TTFT of
+   the whole prompt on the cache-off engine.
 5. The 0 %-hit cost: the random workload (nothing shared) with the cache on and
-   off, alternating, best of --overhead-repeats runs each.
+   off, alternating, the median of the paired throughput ratios.
 
 The theoretical maximum cached share is exact here: per request, the longest prefix
 it shares with the tokens computed before it (the warm-up, the conversation's
@@ -45,6 +50,7 @@ from inference.bench_metrics import (
     by_turn,
     cacheable_from,
     later_turns,
+    percentile,
     stats,
     summarize,
 )
@@ -52,7 +58,7 @@ from inference.bench_report import plot_ttft_by_turn, summary_table
 from inference.bench_workloads import chat_prompt_ids, next_turn_ids
 from inference.config import DEFAULT_MODEL, EngineConfig
 from inference.llm_engine import LLMEngine
-from inference.sampling_params import SamplingParams
+from inference.sampling_params import InvalidRequestError, SamplingParams
 
 DEFAULT_OUT = Path("bench-results/multiturn.json")
 DEFAULT_PLOT = Path("bench-results/multiturn.png")
@@ -85,7 +91,7 @@ FULL = ChatSizes(
     reply_tokens=64,
     hf_conversations=4,
     random_requests=16,
-    overhead_repeats=2,
+    overhead_repeats=3,
     hit_samples=8,
 )
 QUICK = ChatSizes(
@@ -172,7 +178,14 @@ def run_chats(
         rec = RequestRecord(
             conversation=conv, turn=turn, start=time.perf_counter(), prompt_tokens=len(prompt)
         )
-        engine.add_request(rid, prompt, params)
+        try:
+            engine.add_request(rid, prompt, params)
+        except InvalidRequestError as exc:  # e.g. longer than the context: counted, skipped
+            rec.error = str(exc)
+            records.append(rec)
+            if todo:
+                start(todo.popleft(), 1, None)
+            return
         active[rid] = (rec, prompt)
 
     began = time.perf_counter()
@@ -235,7 +248,9 @@ def run_transformers(
     began = time.perf_counter()
     for conv in range(conversations):
         for turn in range(1, turns[conv] + 1):
-            prompt = prompts.recorded[(conv, turn)]
+            prompt = prompts.recorded.get((conv, turn))
+            if prompt is None:  # the live run stopped this conversation early
+                break
             rec = RequestRecord(
                 conversation=conv, turn=turn, start=time.perf_counter(), prompt_tokens=len(prompt)
             )
@@ -250,13 +265,20 @@ def run_transformers(
 
 # --- the pieces ----------------------------------------------------------------
 def engine_config(
-    sizes: ChatSizes, dtype: str, model: str, caching: bool, concurrency: int
+    workload: wl.Workload,
+    sizes: ChatSizes,
+    dtype: str,
+    model: str,
+    caching: bool,
+    concurrency: int,
 ) -> EngineConfig:
     """A pool that holds every conversation's whole history at once (plus the random
     workload), so nothing is evicted or preempted: the run measures the cache, not
     the pool's size."""
-    per_conv = sizes.system_tokens + sizes.turns * (sizes.user_tokens + sizes.reply_tokens + 32)
-    chats = sizes.conversations * (per_conv // 16 + sizes.turns + 4)
+    chats = 0
+    for c in workload.conversations:
+        tokens = c.system_tokens + sum(t.user_tokens + workload.reply_tokens + 32 for t in c.turns)
+        chats += tokens // 16 + len(c.turns) + 4
     randoms = sizes.random_requests * (
         (sizes.system_tokens + sizes.user_tokens + sizes.reply_tokens) // 16 + 4
     )
@@ -274,14 +296,20 @@ def warm_up(engine: LLMEngine, prompt: list[int]) -> None:
 
 
 def hit_versus_fresh(
-    engine: LLMEngine, prompts: ChatPrompts, workload: wl.Workload, sizes: ChatSizes, seed: int
+    engine: LLMEngine,
+    off: LLMEngine,
+    prompts: ChatPrompts,
+    workload: wl.Workload,
+    sizes: ChatSizes,
+    seed: int,
 ) -> dict:
-    """Per conversation, one more turn (a cache hit on its whole history) and then a
-    fresh request made of only that turn's uncached tokens; alternating, one at a time."""
+    """Per conversation, one more turn: a cache hit on its whole history, then a fresh
+    request made of only that turn's uncached tokens, then the whole prompt on the
+    cache-off engine; each alone (no batching, no queue), so these are pure latencies."""
     count = wl.token_counter(prompts.tok)
-    hits, fresh, pairs = [], [], []
-    for conv in range(min(sizes.hit_samples, sizes.conversations)):
-        last = sizes.turns
+    hits, fresh, full, pairs = [], [], [], []
+    for conv in range(min(sizes.hit_samples, len(workload.conversations))):
+        last = len(workload.conversations[conv].turns)
         prompt_last = prompts.recorded[(conv, last)]
         reply = prompts.replies[(conv, last)]
         user, _ = wl.make_text(wl._rng(seed, "extra", conv), sizes.user_tokens, count)
@@ -290,8 +318,10 @@ def hit_versus_fresh(
         t_hit, cached = single_ttft(engine, ids)
         suffix = ids[cached:]
         t_fresh, cached_fresh = single_ttft(engine, suffix)
+        t_full, _ = single_ttft(off, ids)
         hits.append(t_hit)
         fresh.append(t_fresh)
+        full.append(t_full)
         pairs.append(
             {
                 "prompt_tokens": len(ids),
@@ -300,20 +330,25 @@ def hit_versus_fresh(
                 "suffix_cached_tokens": cached_fresh,
                 "hit_ttft_s": t_hit,
                 "fresh_ttft_s": t_fresh,
+                "uncached_ttft_s": t_full,
             }
         )
-    h, f = stats(hits), stats(fresh)
+    h, f, u = stats(hits), stats(fresh), stats(full)
     return {
         "hit_ttft_s": h,
         "fresh_suffix_ttft_s": f,
+        "uncached_ttft_s": u,
         "hit_over_fresh_p50": h["p50"] / f["p50"] if f["p50"] else None,
+        "hit_over_uncached_p50": h["p50"] / u["p50"] if u["p50"] else None,
         "pairs": pairs,
     }
 
 
 def zero_hit_overhead(on: LLMEngine, off: LLMEngine, sizes: ChatSizes, seed: int) -> dict:
-    """Throughput on the random workload (nothing shared), cache on vs off: same
-    prompts, all at once, alternating on/off, best run of each kept."""
+    """Throughput on the random workload (nothing shared), cache on vs off: the same
+    prompts, all at once. Runs alternate (on, off, then off, on, ...) so that a change
+    in the machine's load hits both sides; the figure is the median of the paired
+    ratios (the best run of each side is reported too)."""
     tok = on.tokenizer
     workload = wl.random_requests(
         sizes.random_requests, sizes.system_tokens, sizes.user_tokens, sizes.reply_tokens, seed, tok
@@ -321,8 +356,9 @@ def zero_hit_overhead(on: LLMEngine, off: LLMEngine, sizes: ChatSizes, seed: int
     prompts = [chat_prompt_ids(tok, c.messages([])) for c in workload.conversations]
     n = len(prompts)
     runs: dict[str, list[dict]] = {"on": [], "off": []}
-    for _ in range(sizes.overhead_repeats):
-        for name, engine in (("on", on), ("off", off)):
+    for i in range(sizes.overhead_repeats):
+        order = (("on", on), ("off", off))
+        for name, engine in order if i % 2 == 0 else order[::-1]:
             engine.reset_prefix_cache()  # the same prompts again must not hit
             records, seconds = run_chats(
                 engine, n, [1] * n, lambda c, t, p: prompts[c], sizes.reply_tokens, n
@@ -341,12 +377,18 @@ def zero_hit_overhead(on: LLMEngine, off: LLMEngine, sizes: ChatSizes, seed: int
                 }
             )
     best = {k: max(r["total_token_throughput"] for r in v) for k, v in runs.items()}
-    ratio = best["on"] / best["off"]
+    paired = [
+        a["total_token_throughput"] / b["total_token_throughput"]
+        for a, b in zip(runs["on"], runs["off"], strict=True)
+    ]
+    ratio = percentile(paired, 50)
     return {
         "workload": workload.describe(),
         "runs": runs,
-        "best_total_tokens_per_s": best,
+        "paired_on_over_off": paired,
         "on_over_off": ratio,
+        "best_on_over_best_off": best["on"] / best["off"],
+        "best_total_tokens_per_s": best,
         "cost_percent": (1 - ratio) * 100,
     }
 
@@ -393,6 +435,8 @@ def ratios(systems: dict, hit: dict, overhead: dict) -> dict:
         "ttft_turns_2_plus_cache_on_over_transformers": on / hf if on and hf else None,
         "cached_share_of_theoretical_max": share,
         "hit_over_fresh_suffix_ttft_p50": hit["hit_over_fresh_p50"],
+        # One request alone, no queue: the prefill latency the cache saves.
+        "ttft_alone_cache_hit_over_uncached_p50": hit["hit_over_uncached_p50"],
         "zero_hit_cache_on_over_off_throughput": overhead["on_over_off"],
         "output_throughput_tok_s": {
             k: v["summary"]["output_throughput"] for k, v in systems.items()
@@ -422,6 +466,23 @@ def ratios(systems: dict, hit: dict, overhead: dict) -> dict:
     return out
 
 
+def chat_workload(
+    sizes: ChatSizes, seed: int, tokenizer, conversations: Path | None = None
+) -> wl.Workload:
+    """The generated multi-turn workload, or the first sizes.conversations of a JSONL file."""
+    if conversations is not None:
+        return wl.load_jsonl(conversations, sizes.reply_tokens, tokenizer, sizes.conversations)
+    return wl.multiturn(
+        sizes.conversations,
+        sizes.turns,
+        sizes.system_tokens,
+        sizes.user_tokens,
+        sizes.reply_tokens,
+        seed,
+        tokenizer,
+    )
+
+
 def run(
     sizes: ChatSizes,
     dtype: str,
@@ -429,32 +490,29 @@ def run(
     concurrency: int | None = None,
     seed: int = 0,
     quick: bool = False,
+    conversations: Path | None = None,
 ) -> dict:
+    from inference.loader import load_tokenizer
+
     started = time.perf_counter()
-    concurrency = concurrency or sizes.conversations
+    tok = load_tokenizer(model)
+    workload = chat_workload(sizes, seed, tok, conversations)
+    n_conv = len(workload.conversations)
+    concurrency = concurrency or n_conv
     log(f"loading two engines ({dtype})")
-    on = LLMEngine(engine_config(sizes, dtype, model, True, concurrency))
-    off = LLMEngine(engine_config(sizes, dtype, model, False, concurrency))
-    tok, bs = on.tokenizer, on.config.block_size
-    workload = wl.multiturn(
-        sizes.conversations,
-        sizes.turns,
-        sizes.system_tokens,
-        sizes.user_tokens,
-        sizes.reply_tokens,
-        seed,
-        tok,
-    )
+    on = LLMEngine(engine_config(workload, sizes, dtype, model, True, concurrency), tok)
+    off = LLMEngine(engine_config(workload, sizes, dtype, model, False, concurrency), tok)
+    bs = on.config.block_size
     prompts = ChatPrompts(tok, workload)
     warm = chat_prompt_ids(tok, workload.warmup_messages())
-    turns = [sizes.turns] * sizes.conversations
+    turns = [len(c.turns) for c in workload.conversations]
     systems: dict[str, dict] = {}
 
-    log(f"cache on: {sizes.conversations} conversations x {sizes.turns} turns")
+    log(f"cache on: {n_conv} conversations, {sum(turns)} requests")
     warm_up(on, warm)
     records, seconds = run_chats(
         on,
-        sizes.conversations,
+        n_conv,
         turns,
         prompts.build,
         sizes.reply_tokens,
@@ -464,13 +522,13 @@ def run(
     systems["cache_on"] = system_result(
         records, seconds, prompts, warm, bs, "our engine, prefix caching on"
     )
-    log("cache hit vs fresh uncached suffix")
-    hit = hit_versus_fresh(on, prompts, workload, sizes, seed)
+    log("one request alone: cache hit, its uncached suffix, the whole prompt uncached")
+    warm_up(off, warm)
+    hit = hit_versus_fresh(on, off, prompts, workload, sizes, seed)
 
     log("cache off: the same prompts")
-    warm_up(off, warm)
     records, seconds = run_chats(
-        off, sizes.conversations, turns, prompts.replay, sizes.reply_tokens, concurrency
+        off, n_conv, turns, prompts.replay, sizes.reply_tokens, concurrency
     )
     systems["cache_off"] = system_result(
         records, seconds, prompts, warm, bs, "our engine, prefix caching off"
@@ -481,7 +539,7 @@ def run(
     del on, off
     gc.collect()
 
-    n_hf = min(sizes.hf_conversations, sizes.conversations)
+    n_hf = min(sizes.hf_conversations, n_conv)
     log(f"transformers generate: {n_hf} conversations, one request at a time")
     from inference.bench import load_hf_model, pad_token_id
 
@@ -540,6 +598,22 @@ def report(result: dict) -> str:
         "TTFT p50, turns >= 2 (ms): "
         + ", ".join(f"{k} {v * 1000:.1f}" for k, v in p50.items() if v is not None)
     )
+    h = result["hit_vs_fresh"]
+    alone = [
+        ("cache hit", h["hit_ttft_s"]),
+        ("fresh suffix", h["fresh_suffix_ttft_s"]),
+        ("uncached", h["uncached_ttft_s"]),
+    ]
+    lines.append(
+        "TTFT p50 of one request alone (ms): "
+        + ", ".join(f"{k} {v['p50'] * 1000:.1f}" for k, v in alone if v["p50"] is not None)
+    )
+    o = result["zero_hit_overhead"]
+    lines.append(
+        f"0 %-hit throughput, cache on / off: {o['on_over_off']:.3f} (paired runs: "
+        + ", ".join(f"{x:.3f}" for x in o["paired_on_over_off"])
+        + ")"
+    )
     return "\n".join(lines)
 
 
@@ -563,6 +637,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="conversations transformers replays (default: 4, quick: 2)",
     )
+    p.add_argument(
+        "--conversations",
+        type=Path,
+        default=None,
+        help="JSONL of message lists to replay instead of the generated chats",
+    )
+    for name, what in (
+        ("num-conversations", "conversations (also: at most this many lines of --conversations)"),
+        ("turns", "user turns per conversation"),
+        ("system-tokens", "the shared system prompt (and each random request's own)"),
+        ("user-tokens", "each user turn"),
+        ("reply-tokens", "each reply"),
+    ):
+        p.add_argument(f"--{name}", type=int, default=None, help=f"{what} (overrides the sizes)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--plot", type=Path, default=DEFAULT_PLOT)
@@ -574,18 +662,27 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = QUICK if args.quick else FULL
-    if args.hf_conversations is not None:
-        sizes = replace(sizes, hf_conversations=args.hf_conversations)
-    result = run(sizes, args.dtype, args.model, args.concurrency, args.seed, args.quick)
+    overrides = {
+        "conversations": args.num_conversations,
+        "turns": args.turns,
+        "system_tokens": args.system_tokens,
+        "user_tokens": args.user_tokens,
+        "reply_tokens": args.reply_tokens,
+        "hf_conversations": args.hf_conversations,
+    }
+    sizes = replace(sizes, **{k: v for k, v in overrides.items() if v is not None})
+    result = run(
+        sizes, args.dtype, args.model, args.concurrency, args.seed, args.quick, args.conversations
+    )
     print(report(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     log(f"wrote {args.out}")
     series = {name: s["by_turn"] for name, s in result["systems"].items()}
-    title = (
-        f"TTFT by turn, {sizes.conversations} chats x {sizes.turns} turns, "
-        f"{sizes.system_tokens}-token system prompt"
-    )
+    w = result["workload"]
+    title = f"TTFT by turn: {w['conversations']} chats, {w['requests']} requests"
+    if w["name"] == "multiturn":
+        title += f", {w['system_tokens']}-token system prompt"
     if plot_ttft_by_turn(series, args.plot, title):
         log(f"wrote {args.plot}")
     return result

@@ -35,6 +35,7 @@ from pathlib import Path
 from inference import bench_conversations as wl
 from inference.bench_metrics import RequestRecord, by_turn, cacheable_tokens, summarize
 from inference.bench_report import plot_ttft_by_turn, summary_table
+from inference.config import DEFAULT_MODEL
 
 DEFAULT_OUT = Path("bench-results/serve.json")
 
@@ -295,7 +296,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--tokenizer",
-        default="smollm2-135m-instruct",
+        default=DEFAULT_MODEL,
         help="a local Hugging Face folder, the default model's name, or none",
     )
     p.add_argument(

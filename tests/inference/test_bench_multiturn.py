@@ -81,9 +81,10 @@ def test_multiturn_reports_every_system(tiny_model, tmp_path, monkeypatch, one_t
     hit = result["hit_vs_fresh"]["pairs"][0]
     assert hit["cached_tokens"] > 0 and hit["suffix_cached_tokens"] == 0
     assert hit["suffix_tokens"] == hit["prompt_tokens"] - hit["cached_tokens"]
+    assert hit["uncached_ttft_s"] > 0 and result["hit_vs_fresh"]["hit_over_uncached_p50"] > 0
     overhead = result["zero_hit_overhead"]
     assert all(run["cached_tokens"] == 0 for runs in overhead["runs"].values() for run in runs)
-    assert overhead["on_over_off"] > 0
+    assert overhead["on_over_off"] == overhead["paired_on_over_off"][0] > 0
 
     ratios = result["ratios"]
     assert ratios["ttft_turns_2_plus_cache_on_over_off"] > 0
