@@ -106,13 +106,15 @@ class Claim:
 
 
 @transaction.atomic
-def reply_claim(*, reply_id: int, holder: str) -> tuple[str, str]:
+def reply_claim(*, reply_id: int, holder: str, reclaim_own: bool = False) -> tuple[str, str]:
     """Take reply `reply_id` for generation by `holder` (a worker); returns (Claim, lease).
 
     A task can be delivered more than once (a redelivery after a worker vanished, or a
     duplicate): the row lock makes exactly one delivery win. A reply still streaming is
     held by a live generation while its heartbeat is fresh; once the heartbeat is older
     than CHAT_STALE_REPLY_S its generation is taken to be dead and is replaced.
+    `reclaim_own`: the holder runs one task at a time, so if it holds the reply already,
+    that generation died with its process (a killed pool child): replace it at once.
     """
     reply = (
         Message.objects.select_for_update()
@@ -124,7 +126,8 @@ def reply_claim(*, reply_id: int, holder: str) -> tuple[str, str]:
     if not reply.is_active:
         return Claim.FINISHED, ""
     cutoff = timezone.now() - timedelta(seconds=settings.CHAT_STALE_REPLY_S)
-    if reply.status == Message.Status.STREAMING and reply.updated_at >= cutoff:
+    own = reclaim_own and reply.served_by == holder
+    if reply.status == Message.Status.STREAMING and reply.updated_at >= cutoff and not own:
         return Claim.BUSY, ""
     if reply.stop_requested:
         reply_finish(reply=reply, status=Message.Status.STOPPED, finish_reason="abort")

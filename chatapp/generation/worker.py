@@ -24,6 +24,7 @@ from chatapp.generation import registry
 log = logging.getLogger(__name__)
 
 _name = ""  # this worker's hostname, once set up
+_concurrency = 0  # its pool size
 _active = 0
 _beats: threading.Event | None = None
 
@@ -31,8 +32,9 @@ _beats: threading.Event | None = None
 @celeryd_after_setup.connect
 def _setup_worker(sender: str, instance, **kwargs) -> None:
     """In the worker's main process, before the pool forks: its queue and engine id."""
-    global _name
+    global _name, _concurrency
     _name = str(sender)
+    _concurrency = int(getattr(instance, "concurrency", 0) or 0)
     if registry.available():
         instance.app.amqp.queues.select_add(registry.own_queue(_name))
     # Every worker of one host would otherwise share the web's default id.
@@ -95,7 +97,10 @@ def generate(reply_id: int, *, holder: str) -> dict:
     from chatapp.generation.services import run_reply
 
     close_old_connections()
-    outcome, lease = chat_services.reply_claim(reply_id=reply_id, holder=holder)
+    # With one pool child, prefetch 1 and late acks, this worker gets no other task while
+    # it generates: a reply it holds already was left by a child that was killed.
+    outcome, lease = chat_services.reply_claim(reply_id=reply_id, holder=holder,
+                                               reclaim_own=_concurrency == 1)
     if outcome != Claim.CLAIMED:
         return {"reply_id": reply_id, "outcome": outcome, "worker": holder}
     global _active

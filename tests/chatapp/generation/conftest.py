@@ -83,6 +83,13 @@ class Worker:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
+    def kill_pool_child(self) -> None:
+        """kill -9 of the pool child only (the process running the task)."""
+        children = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                                  text=True).stdout.split()
+        assert len(children) == 1, children
+        os.kill(int(children[0]), signal.SIGKILL)
+
     def stop(self) -> None:
         if self.proc.poll() is not None:
             return

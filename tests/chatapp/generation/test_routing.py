@@ -122,6 +122,16 @@ class TestClaim:
         assert (reply.status, reply.served_by, reply.lease) == ("streaming", "w1@h", lease)
         assert services.reply_claim(reply_id=reply.pk, holder="w2@h") == (Claim.BUSY, "")
 
+    def test_a_worker_that_runs_one_task_at_a_time_reclaims_its_own_reply(self, alice):
+        _, reply = _turn(alice)
+        _, first = services.reply_claim(reply_id=reply.pk, holder="w1@h")
+        # A redelivery to the same one-task worker: the first generation died with its child.
+        outcome, second = services.reply_claim(reply_id=reply.pk, holder="w1@h",
+                                               reclaim_own=True)
+        assert outcome == Claim.CLAIMED and second != first
+        assert services.reply_claim(reply_id=reply.pk, holder="w2@h",
+                                    reclaim_own=True) == (Claim.BUSY, "")
+
     def test_a_generation_whose_heartbeat_stopped_is_replaced(self, alice, settings):
         _, reply = _turn(alice)
         _, old = services.reply_claim(reply_id=reply.pk, holder="w1@h")

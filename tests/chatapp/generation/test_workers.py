@@ -204,25 +204,43 @@ def test_stop_on_the_page_reaches_the_worker(cluster, alice):
     assert 0 < len(reply.generated_token_ids) < 40 and reply.content == done["content"]
 
 
+async def start_and_wait_for_a_delta(cluster: Cluster, conversation, reply, queue: str) -> None:
+    """Queue the reply's task on `queue` and return once its first delta streamed."""
+    layer = RedisChannelLayer(hosts=[cluster.broker_url])
+    channel = await layer.new_channel()
+    await layer.group_add(conversation.group_name, channel)
+    cluster.send_task(reply.pk, queue)
+    while True:
+        event = (await asyncio.wait_for(layer.receive(channel), 120))["event"]
+        if event["type"] == "message.delta" and event["message_id"] == reply.pk:
+            break
+    await layer.group_discard(conversation.group_name, channel)
+
+
+def test_a_killed_pool_child_s_task_is_requeued_at_once(cluster, alice):
+    """kill -9 of the pool child only: its worker requeues the task (reject on worker
+    lost) and, holding the reply itself, the new child generates it again at once."""
+    conversation = services.conversation_create(owner=alice)
+    _, reply = services.message_send(conversation=conversation, content=LONG)
+    a = next(iter(cluster.workers.values()))
+    asyncio.run(start_and_wait_for_a_delta(cluster, conversation, reply, cluster.own_queue(a)))
+    a.kill_pool_child()
+    wait_for(lambda: not Message.objects.get(pk=reply.pk).is_active, timeout=120,
+             what="the reply to finish in the new pool child")
+    reply.refresh_from_db()
+    assert_one_complete_reply(reply)
+    assert reply.served_by == a.name
+    cluster.wait_ready(a)
+
+
 def test_a_reply_survives_kill_9_of_its_worker(cluster, alice):
     """Runs last of the cluster's tests: worker A does not come back."""
     conversation = services.conversation_create(owner=alice)
     _, reply = services.message_send(conversation=conversation, content=LONG)
     a, b = cluster.workers.values()
 
-    async def kill_a_mid_generation() -> None:
-        layer = RedisChannelLayer(hosts=[cluster.broker_url])
-        channel = await layer.new_channel()
-        await layer.group_add(conversation.group_name, channel)
-        cluster.send_task(reply.pk, cluster.own_queue(a))
-        while True:
-            event = (await asyncio.wait_for(layer.receive(channel), 120))["event"]
-            if event["type"] == "message.delta":
-                break
-        a.kill()
-        await layer.group_discard(conversation.group_name, channel)
-
-    asyncio.run(kill_a_mid_generation())
+    asyncio.run(start_and_wait_for_a_delta(cluster, conversation, reply, cluster.own_queue(a)))
+    a.kill()
     wait_for(lambda: not Message.objects.get(pk=reply.pk).is_active, timeout=120,
              what="the reply to finish on the other worker")
     reply.refresh_from_db()
