@@ -74,6 +74,14 @@ class AttentionMetadata:
             mask=mask[:, None, None, :],
         )
 
+    def future_mask(self, n: int) -> torch.Tensor:
+        """[n, n], True where a key lies after the query (among a chunk's own tokens)."""
+        key = ("future", n)
+        if key not in self._derived:
+            device = self.block_tables.device
+            self._derived[key] = torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
+        return self._derived[key]
+
     def prefix_causal_mask(self, i: int) -> torch.Tensor | None:
         """Mask for sequence i's queries over its cached context plus themselves;
         None when nothing is cached (plain causal attention)."""
@@ -135,6 +143,13 @@ def paged_attention(
             continue
         start, length = meta.query_start_loc[i], meta.seq_lens[i]
         q = query[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+        if _use_low_precision_path(k_cache.dtype, n, length):
+            k = gather_kv(k_cache, meta.block_tables[i], length)
+            v = gather_kv(v_cache, meta.block_tables[i], length)
+            out[start : start + n] = _attend_low_precision(
+                query[start : start + n], k, v, meta.future_mask(n), scale
+            ).to(out.dtype)
+            continue
         k = gather_kv(k_cache, meta.block_tables[i], length).transpose(0, 1).unsqueeze(0)
         v = gather_kv(v_cache, meta.block_tables[i], length).transpose(0, 1).unsqueeze(0)
         mask = meta.prefix_causal_mask(i)
@@ -146,6 +161,43 @@ def paged_attention(
     if decode:
         _batched_decode(query, k_cache, v_cache, decode, scale, out)
     return out
+
+
+# Up to this many query tokens (and 2M scores per head), bf16/fp16 prefill
+# attention runs as two matmuls around a softmax: 1.5-3x faster than SDPA's
+# masked bf16 path on CPU for a chat turn over a cached prefix (68 queries over
+# 600-4,000 keys), slower for long self-attention, where flash pays off.
+_LOW_PRECISION_MAX_QUERIES = 256
+_LOW_PRECISION_MAX_SCORES = 1 << 21
+
+
+def _use_low_precision_path(dtype: torch.dtype, n: int, length: int) -> bool:
+    return (
+        dtype in (torch.bfloat16, torch.float16)
+        and 1 < n <= _LOW_PRECISION_MAX_QUERIES
+        and length > 32
+        and n * length <= _LOW_PRECISION_MAX_SCORES
+    )
+
+
+def _attend_low_precision(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, future: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Causal attention of n queries [n, H, D] over one sequence's keys [L, kv_heads, D],
+    the queries being the last n positions. Matmuls in the cache dtype (they
+    accumulate in fp32), softmax computed in fp32 by the kernel, as in
+    transformers' eager bf16 attention; the heads sharing a KV head are rows of
+    one matmul."""
+    n, heads, dim = query.shape
+    length, kv_heads = key.shape[0], key.shape[1]
+    group = heads // kv_heads
+    k = key.transpose(0, 1).contiguous()  # [kv, L, D]
+    v = value.transpose(0, 1).contiguous()
+    q = (query * scale).to(k.dtype).view(n, kv_heads, group, dim).permute(1, 2, 0, 3)
+    scores = torch.matmul(q.reshape(kv_heads, group * n, dim), k.transpose(-1, -2))
+    scores.view(kv_heads, group, n, length)[..., length - n :].masked_fill_(future, float("-inf"))
+    o = torch.matmul(torch.softmax(scores, -1), v)  # [kv, group * n, D]
+    return o.view(kv_heads, group, n, dim).permute(2, 0, 1, 3).reshape(n, heads, dim)
 
 
 def _batched_decode(

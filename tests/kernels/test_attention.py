@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from kernels.attention import AttentionMetadata, paged_attention, store_kvcache
+from kernels.attention import (
+    AttentionMetadata,
+    _attend_low_precision,
+    _use_low_precision_path,
+    paged_attention,
+    store_kvcache,
+)
 
 
 def dense_attention(q, k, v, scale):
@@ -22,10 +28,11 @@ def dense_attention(q, k, v, scale):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 def test_paged_attention_matches_dense(num_heads, num_kv_heads, dtype, tol):
     torch.manual_seed(0)
-    bs, head_dim, num_blocks = 4, 8, 40
+    bs, head_dim, num_blocks = 4, 8, 64
     # (context length, query tokens): whole prefill, prefill over a cached prefix,
-    # several decodes, ragged lengths.
-    shapes = [(9, 9), (13, 5), (7, 1), (17, 1), (1, 1), (30, 3)]
+    # several decodes, ragged lengths; the last two are long enough for the
+    # low-precision matmul path in bf16.
+    shapes = [(9, 9), (13, 5), (7, 1), (17, 1), (1, 1), (30, 3), (45, 12), (40, 40)]
     k_cache = torch.zeros(num_blocks, bs, num_kv_heads, head_dim, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     perm = torch.randperm(num_blocks).tolist()  # out-of-order blocks
@@ -72,3 +79,21 @@ def test_store_kvcache_skips_negative_slots():
     assert flat[0].tolist() == [[4.0, 5.0]]
     assert v_cache.view(-1, 1, 2)[0].tolist() == [[-4.0, -5.0]]
     assert flat.abs().sum().item() == 0 + 1 + 4 + 5  # nothing else written
+
+
+def test_low_precision_path_is_chosen_for_a_chat_turn_and_matches_dense():
+    """A 68-token turn over ~1,000 cached tokens in bf16 takes the matmul path
+    (fp32 always keeps SDPA), and that path is causal attention over the prefix."""
+    assert _use_low_precision_path(torch.bfloat16, 68, 1060)
+    assert not _use_low_precision_path(torch.float32, 68, 1060)
+    assert not _use_low_precision_path(torch.bfloat16, 1, 1060)  # decode is batched elsewhere
+    assert not _use_low_precision_path(torch.bfloat16, 512, 512)  # flash wins there
+    torch.manual_seed(1)
+    n, length, heads, kv_heads, dim = 20, 70, 9, 3, 16
+    q = torch.randn(n, heads, dim)
+    k = torch.randn(length, kv_heads, dim)
+    v = torch.randn(length, kv_heads, dim)
+    future = torch.ones(n, n, dtype=torch.bool).triu(1)
+    got = _attend_low_precision(q.bfloat16(), k.bfloat16(), v.bfloat16(), future, dim**-0.5)
+    ref = dense_attention(q, k, v, dim**-0.5)
+    assert (got.float() - ref).abs().max().item() < 3e-2
