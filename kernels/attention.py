@@ -49,7 +49,9 @@ class AttentionMetadata:
         return [q[i + 1] - q[i] for i in range(len(q) - 1)]
 
     def decode_batch(self, block_size: int) -> DecodeBatch | None:
-        """The decode rows batched together; None when fewer than two."""
+        """The decode rows batched together; None when there are none, or one over a
+        short context (where SDPA's call is cheaper than the batched path's set-up;
+        over a long context the batched path is ~6x cheaper in bf16)."""
         key = ("decode", block_size)
         if key not in self._derived:
             self._derived[key] = self._build_decode_batch(block_size)
@@ -57,7 +59,7 @@ class AttentionMetadata:
 
     def _build_decode_batch(self, block_size: int) -> DecodeBatch | None:
         rows = [i for i, n in enumerate(self.query_lens) if n == 1]
-        if len(rows) < 2:
+        if not rows or (len(rows) == 1 and self.seq_lens[rows[0]] < 128):
             return None
         device = self.block_tables.device
         lens = [self.seq_lens[i] for i in rows]
@@ -152,7 +154,8 @@ def paged_attention(
             continue
         k = gather_kv(k_cache, meta.block_tables[i], length).transpose(0, 1).unsqueeze(0)
         v = gather_kv(v_cache, meta.block_tables[i], length).transpose(0, 1).unsqueeze(0)
-        mask = meta.prefix_causal_mask(i)
+        # One query (a lone decode) is the last position and sees every key.
+        mask = meta.prefix_causal_mask(i) if n > 1 else None
         o = F.scaled_dot_product_attention(
             q.to(k.dtype), k, v, attn_mask=mask, is_causal=mask is None and n > 1,
             scale=scale, enable_gqa=True,

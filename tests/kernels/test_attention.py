@@ -24,15 +24,20 @@ def dense_attention(q, k, v, scale):
     return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v)
 
 
+# (context length, query tokens): whole prefill, prefill over a cached prefix,
+# several decodes, ragged lengths; the last two are long enough for the
+# low-precision matmul path in bf16.
+MIXED = [(9, 9), (13, 5), (7, 1), (17, 1), (1, 1), (30, 3), (45, 12), (40, 40)]
+# A lone decode over a long context takes the batched decode path.
+LONE_DECODE = [(140, 1)]
+
+
+@pytest.mark.parametrize("shapes", [MIXED, LONE_DECODE], ids=["mixed", "lone-decode"])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-def test_paged_attention_matches_dense(num_heads, num_kv_heads, dtype, tol):
+def test_paged_attention_matches_dense(shapes, num_heads, num_kv_heads, dtype, tol):
     torch.manual_seed(0)
     bs, head_dim, num_blocks = 4, 8, 64
-    # (context length, query tokens): whole prefill, prefill over a cached prefix,
-    # several decodes, ragged lengths; the last two are long enough for the
-    # low-precision matmul path in bf16.
-    shapes = [(9, 9), (13, 5), (7, 1), (17, 1), (1, 1), (30, 3), (45, 12), (40, 40)]
     k_cache = torch.zeros(num_blocks, bs, num_kv_heads, head_dim, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     perm = torch.randperm(num_blocks).tolist()  # out-of-order blocks
