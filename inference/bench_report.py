@@ -70,21 +70,28 @@ def plot_ttft_by_turn(series: dict[str, list[dict]], path: str | Path, title: st
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import MaxNLocator, NullFormatter, ScalarFormatter
     except ImportError:
         print("matplotlib is not installed: no plot", file=sys.stderr)
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    shown: list[float] = []
     for label, turns in series.items():
         xs = [t["turn"] for t in turns if t["ttft_s"]["p50"] is not None]
         p50 = [t["ttft_s"]["p50"] * 1000 for t in turns if t["ttft_s"]["p50"] is not None]
         p90 = [t["ttft_s"]["p90"] * 1000 for t in turns if t["ttft_s"]["p90"] is not None]
+        shown += p50 + p90
         (line,) = ax.plot(xs, p50, marker="o", label=f"{label} p50")
         ax.plot(xs, p90, linestyle=":", color=line.get_color(), label=f"{label} p90")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("turn")
     ax.set_ylabel("time to first token (ms)")
-    ax.set_yscale("log")
+    if shown and max(shown) > 10 * max(min(shown), 1e-6):  # log scale only for wide ranges
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        ax.set_ylim(bottom=0)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
