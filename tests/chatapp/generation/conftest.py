@@ -189,7 +189,7 @@ class Cluster:
         with contextlib.suppress(Exception):
             redis = redis_client(self.broker_url)
             keys = list(redis.scan_iter(f"{self.shared_queue}*"))
-            keys += list(redis.scan_iter(f"_kombu.binding.{self.shared_queue}*"))
+            keys += list(redis.scan_iter(f"_kombu.binding*.{self.shared_queue}*"))
             redis.delete(f"prefixchat:workers:{self.shared_queue}", *keys)
 
 
