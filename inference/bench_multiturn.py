@@ -208,7 +208,7 @@ def run_chats(
             if out.finish_reason not in ("stop", "length"):
                 rec.error = out.error or out.finish_reason
             records.append(rec)
-            if len(records) % max(1, total // 5) == 0:
+            if total >= 20 and len(records) % (total // 5) == 0:
                 log(f"  {len(records)}/{total} requests")
             if replies is not None:
                 replies[(rec.conversation, rec.turn)] = out.token_ids
