@@ -405,7 +405,9 @@ def run_bench(
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m inference.bench", description=__doc__.split("\n")[0]
+        prog="python -m inference.bench",
+        description=__doc__.split("\n")[0],
+        epilog="Subcommands: serve, multiturn, plot (each takes --help).",
     )
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
