@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from inference import bench
-from inference.bench_workloads import Sizes
+from inference.bench import engine as bench_engine
+from inference.bench.workloads import Sizes
 
 # The smallest workload that still walks every code path: two decode batch sizes,
 # and a chat whose turn 2 can hit turn 1's full blocks.
@@ -38,7 +39,7 @@ def one_thread():
 
 
 def test_bench_reports_every_figure(tiny_model, tmp_path, monkeypatch, one_thread):
-    monkeypatch.setattr(bench, "FULL", MICRO)
+    monkeypatch.setattr(bench_engine, "FULL", MICRO)
     out = tmp_path / "engine.json"
     result = bench.main(["--model", str(tiny_model), "--dtype", "float32", "--out", str(out)])
 

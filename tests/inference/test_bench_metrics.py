@@ -6,9 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from inference import bench, bench_serve
-from inference import bench_conversations as wl
-from inference.bench_metrics import (
+from inference import bench
+from inference.bench import conversations as wl
+from inference.bench import serve as bench_serve
+from inference.bench.metrics import (
     RequestRecord,
     by_turn,
     cacheable_from,

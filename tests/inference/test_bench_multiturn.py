@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from inference import bench, bench_multiturn
+from inference import bench
+from inference.bench import multiturn as bench_multiturn
 
 MICRO = bench_multiturn.ChatSizes(
     conversations=2,

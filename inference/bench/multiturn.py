@@ -44,8 +44,8 @@ from pathlib import Path
 
 import torch
 
-from inference import bench_conversations as wl
-from inference.bench_metrics import (
+from inference.bench import conversations as wl
+from inference.bench.metrics import (
     RequestRecord,
     by_turn,
     cacheable_from,
@@ -54,8 +54,8 @@ from inference.bench_metrics import (
     stats,
     summarize,
 )
-from inference.bench_report import plot_ttft_by_turn, summary_table
-from inference.bench_workloads import chat_prompt_ids, next_turn_ids
+from inference.bench.report import plot_ttft_by_turn, summary_table
+from inference.bench.workloads import chat_prompt_ids, next_turn_ids
 from inference.config import DEFAULT_MODEL, EngineConfig
 from inference.llm_engine import LLMEngine
 from inference.sampling_params import InvalidRequestError, SamplingParams
@@ -242,7 +242,7 @@ def run_transformers(
     reply_tokens: int,
     pad_id: int,
 ) -> tuple[list[RequestRecord], float]:
-    from inference.bench import hf_generate
+    from inference.bench.engine import hf_generate
 
     records: list[RequestRecord] = []
     began = time.perf_counter()
@@ -541,7 +541,7 @@ def run(
 
     n_hf = min(sizes.hf_conversations, n_conv)
     log(f"transformers generate: {n_hf} conversations, one request at a time")
-    from inference.bench import load_hf_model, pad_token_id
+    from inference.bench.engine import load_hf_model, pad_token_id
 
     hf = load_hf_model(model, dtype)
     pad = pad_token_id(tok)

@@ -1,15 +1,7 @@
-"""Benchmark: our engine against transformers on the same weights and prompts.
+"""The engine benchmark: our engine against transformers on the same weights and prompts.
 
-    python -m inference.bench [--quick] [--dtype bfloat16|float32] [--out PATH]
-                               [--threads N] [--model PATH]
-
-Subcommands (each takes --help):
-
-    python -m inference.bench serve --url URL ...   any OpenAI-compatible server over HTTP
-    python -m inference.bench multiturn [--quick]   the chat workload in-process: our engine
-                                                    with and without prefix caching, and
-                                                    transformers' generate
-    python -m inference.bench plot A.json B.json    TTFT by turn of several runs in one PNG
+    python -m inference.bench [engine] [--quick] [--dtype bfloat16|float32] [--out PATH]
+                                       [--threads N] [--model PATH]
 
 Prints one JSON document and writes it (default bench-results/engine.json):
 prefill tokens/s, decode tokens/s at 1 and 32 concurrent sequences, each for
@@ -33,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from inference.bench_workloads import (
+from inference.bench.workloads import (
     FULL,
     QUICK,
     Sizes,
@@ -424,21 +416,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-SUBCOMMANDS = {
-    "serve": "inference.bench_serve",
-    "multiturn": "inference.bench_multiturn",
-    "plot": "inference.bench_report",
-}
-
-
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in SUBCOMMANDS:
-        import importlib
-
-        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
-    if argv and argv[0] == "engine":  # the default, by name
-        argv = argv[1:]
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -449,7 +427,3 @@ def main(argv: list[str] | None = None) -> dict:
     print(text)
     log(f"wrote {args.out}")
     return result
-
-
-if __name__ == "__main__":
-    main()

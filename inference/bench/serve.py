@@ -32,9 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-from inference import bench_conversations as wl
-from inference.bench_metrics import RequestRecord, by_turn, cacheable_tokens, summarize
-from inference.bench_report import plot_ttft_by_turn, summary_table
+from inference.bench import conversations as wl
+from inference.bench.metrics import RequestRecord, by_turn, cacheable_tokens, summarize
+from inference.bench.report import plot_ttft_by_turn, summary_table
 from inference.config import DEFAULT_MODEL
 
 DEFAULT_OUT = Path("bench-results/serve.json")

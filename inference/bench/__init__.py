@@ -1,0 +1,32 @@
+"""Benchmarks: commands that print numbers and write JSON (and PNG plots).
+
+    python -m inference.bench [engine] ...        our engine against transformers:
+                                                  prefill, decode at 1 and 32, two turns
+    python -m inference.bench multiturn [--quick] the chat workload in-process: our engine
+                                                  with and without prefix caching, and
+                                                  transformers' generate
+    python -m inference.bench serve --url URL     the chat workloads against any
+                                                  OpenAI-compatible server over HTTP
+    python -m inference.bench plot A.json B.json  TTFT by turn of several runs in one PNG
+
+Each subcommand takes --help.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "engine": "inference.bench.engine",
+    "serve": "inference.bench.serve",
+    "multiturn": "inference.bench.multiturn",
+    "plot": "inference.bench.report",
+}
+
+
+def main(argv: list[str] | None = None):
+    """Run a subcommand (the engine benchmark when none is named); returns its result."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else "engine"
+    return importlib.import_module(SUBCOMMANDS[name]).main(argv)

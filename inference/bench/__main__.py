@@ -1,0 +1,3 @@
+from inference.bench import main
+
+main()
