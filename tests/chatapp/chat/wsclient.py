@@ -61,4 +61,7 @@ async def close_code(comm) -> int:
     """The close code of a socket the server closes right after accepting it."""
     out = await comm.receive_output(timeout=RECEIVE_TIMEOUT)
     assert out["type"] == "websocket.close", out
+    # Let the consumer see the disconnect and exit now, rather than be cancelled (with
+    # its channel-layer receive) when the test's event loop is torn down.
+    await comm.disconnect()
     return out.get("code")
