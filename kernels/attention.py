@@ -24,7 +24,7 @@ class DecodeBatch:
     token_idx: torch.Tensor  # [B] their query tokens in the flat batch
     tables: torch.Tensor  # [B, max_blocks] their block tables, cut to the longest context
     max_len: int
-    mask: torch.Tensor  # [B, 1, 1, max_len] True where a key lies inside the context
+    padding: torch.Tensor  # [B, 1, 1, max_len] True where a key lies past the context
 
 
 @dataclass
@@ -67,13 +67,13 @@ class AttentionMetadata:
         max_blocks = (max_len + block_size - 1) // block_size
         idx = torch.tensor(rows, device=device)
         lens_t = torch.tensor(lens, device=device)
-        mask = torch.arange(max_len, device=device)[None, :] < lens_t[:, None]
+        padding = torch.arange(max_len, device=device)[None, :] >= lens_t[:, None]
         return DecodeBatch(
             rows=rows,
             token_idx=torch.tensor([self.query_start_loc[i] for i in rows], device=device),
             tables=self.block_tables.index_select(0, idx)[:, :max_blocks],
             max_len=max_len,
-            mask=mask[:, None, None, :],
+            padding=padding[:, None, None, :],
         )
 
     def future_mask(self, n: int) -> torch.Tensor:
@@ -144,7 +144,6 @@ def paged_attention(
         if i in batched:
             continue
         start, length = meta.query_start_loc[i], meta.seq_lens[i]
-        q = query[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if _use_low_precision_path(k_cache.dtype, n, length):
             k = gather_kv(k_cache, meta.block_tables[i], length)
             v = gather_kv(v_cache, meta.block_tables[i], length)
@@ -152,6 +151,7 @@ def paged_attention(
                 query[start : start + n], k, v, meta.future_mask(n), scale
             ).to(out.dtype)
             continue
+        q = query[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         k = gather_kv(k_cache, meta.block_tables[i], length).transpose(0, 1).unsqueeze(0)
         v = gather_kv(v_cache, meta.block_tables[i], length).transpose(0, 1).unsqueeze(0)
         # One query (a lone decode) is the last position and sees every key.
@@ -216,10 +216,11 @@ def _batched_decode(
     Written as two matmuls around a softmax rather than with
     scaled_dot_product_attention: on CPU, SDPA's masked bf16 path for one-token
     queries is 5-18x slower than this (measured at 32 sequences, 32-1,500
-    tokens), and for fp32 it is no faster. The matmuls run in the cache's dtype
-    (they accumulate in fp32); the softmax runs in fp32, as in transformers'
-    eager attention. The heads sharing a KV head are stacked as rows of one
-    matmul, so K/V are never repeated for grouped-query attention.
+    tokens), and for fp32 it is no faster. Same arithmetic as
+    _attend_low_precision: matmuls in the cache's dtype (they accumulate in
+    fp32), the softmax computed in fp32 by its kernel. The heads sharing a KV
+    head are stacked as rows of one matmul, so K/V are never repeated for
+    grouped-query attention.
     """
     b = d.tables.shape[0]
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
@@ -231,9 +232,8 @@ def _batched_decode(
     v = v_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : d.max_len]
     k = k.transpose(1, 2).contiguous()
     v = v.transpose(1, 2).contiguous()
-    q = query.index_select(0, d.token_idx).to(k.dtype).view(b, kv_heads, group, head_dim)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale)  # [B, kv, group, L]
-    scores.masked_fill_(~d.mask, float("-inf"))
-    weights = scores.softmax(-1).to(v.dtype)
-    o = torch.matmul(weights, v)  # [B, kv_heads, group, D]
+    q = (query.index_select(0, d.token_idx) * scale).to(k.dtype)
+    scores = torch.matmul(q.view(b, kv_heads, group, head_dim), k.transpose(-1, -2))
+    scores.masked_fill_(d.padding, float("-inf"))  # [B, kv_heads, group, L]
+    o = torch.matmul(torch.softmax(scores, -1), v)  # [B, kv_heads, group, D]
     out.index_copy_(0, d.token_idx, o.reshape(b, -1, head_dim).to(out.dtype))
