@@ -28,14 +28,14 @@ def engine_config():
         "dtype": settings.LLM_DTYPE,
         "block_size": settings.LLM_BLOCK_SIZE,
         "model_cache_dir": settings.LLM_MODEL_CACHE,
-        "engine_id": getattr(settings, "LLM_ENGINE_ID", "web"),
+        "engine_id": settings.LLM_ENGINE_ID,
     }
-    for name, setting in (
-        ("num_blocks", "LLM_NUM_BLOCKS"),
-        ("max_num_seqs", "LLM_MAX_NUM_SEQS"),
-        ("max_model_len", "LLM_MAX_MODEL_LEN"),
+    # Unset sizes (None) leave EngineConfig's defaults.
+    for name, value in (
+        ("num_blocks", settings.LLM_NUM_BLOCKS),
+        ("max_num_seqs", settings.LLM_MAX_NUM_SEQS),
+        ("max_model_len", settings.LLM_MAX_MODEL_LEN),
     ):
-        value = getattr(settings, setting, None)
         if value:
             kwargs[name] = value
     return EngineConfig(**kwargs)

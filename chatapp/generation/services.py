@@ -82,13 +82,8 @@ def _prepare(reply_id: int, engine) -> PreparedReply:
     except prompting.PromptFailure as exc:
         raise ReplyFailed(str(exc)) from exc
     chat_services.user_message_store_segment(message=path[-1], token_ids=prompt.user_segment)
-    chat_services.reply_mark_streaming(reply=reply, served_by=_engine_id(engine))
+    chat_services.reply_mark_streaming(reply=reply, served_by=engine.config.engine_id)
     return PreparedReply(reply=reply, group=conversation.group_name, prompt=prompt)
-
-
-def _engine_id(engine) -> str:
-    config = getattr(engine, "config", None)
-    return str(getattr(config, "engine_id", "") or settings.LLM_ENGINE_ID)
 
 
 def _finish(reply_id: int, lease: str = "", **fields) -> dict | None:
