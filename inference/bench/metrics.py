@@ -9,9 +9,10 @@ the same way for the HTTP client and the in-process runs.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+
+import numpy as np
 
 
 @dataclass
@@ -65,16 +66,12 @@ class RequestRecord:
 
 # --- statistics ----------------------------------------------------------------
 def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), interpolating linearly between ranks (numpy's default)."""
+    """The q-th percentile (0..100), interpolating linearly between ranks (as vLLM reports)."""
     if not values:
         raise ValueError("percentile of no values")
     if not 0 <= q <= 100:
         raise ValueError("q must lie in [0, 100]")
-    s = sorted(values)
-    rank = (len(s) - 1) * q / 100
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (rank - lo)
+    return float(np.percentile(values, q))
 
 
 def stats(values: Iterable[float | None]) -> dict:

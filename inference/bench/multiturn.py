@@ -45,6 +45,13 @@ from pathlib import Path
 import torch
 
 from inference.bench import conversations as wl
+from inference.bench.engine import (
+    greedy,
+    hf_generate,
+    load_hf_model,
+    pad_token_id,
+    time_to_first_token,
+)
 from inference.bench.metrics import (
     RequestRecord,
     by_turn,
@@ -58,7 +65,7 @@ from inference.bench.report import plot_ttft_by_turn, summary_table
 from inference.bench.workloads import chat_prompt_ids, next_turn_ids
 from inference.config import DEFAULT_MODEL, EngineConfig
 from inference.llm_engine import LLMEngine
-from inference.sampling_params import InvalidRequestError, SamplingParams
+from inference.sampling_params import InvalidRequestError
 
 DEFAULT_OUT = Path("bench-results/multiturn.json")
 DEFAULT_PLOT = Path("bench-results/multiturn.png")
@@ -147,10 +154,6 @@ class ChatPrompts:
 
 
 # --- our engine ------------------------------------------------------------------
-def greedy(tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-
-
 PromptFor = Callable[[int, int, "tuple[list[int], list[int]] | None"], list[int]]
 
 
@@ -219,20 +222,6 @@ def run_chats(
     return records, time.perf_counter() - began
 
 
-def single_ttft(engine: LLMEngine, prompt: list[int]) -> tuple[float, int]:
-    """Seconds from add_request to the first token of one request alone, and its cached tokens."""
-    rid = f"one-{next(_ids)}"
-    start = time.perf_counter()
-    engine.add_request(rid, prompt, greedy(1))
-    first, cached = None, 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.request_id == rid and first is None and out.new_token_ids:
-                first = time.perf_counter()
-                cached = out.cached_tokens
-    return first - start, cached
-
-
 # --- transformers --------------------------------------------------------------
 def run_transformers(
     model,
@@ -242,7 +231,6 @@ def run_transformers(
     reply_tokens: int,
     pad_id: int,
 ) -> tuple[list[RequestRecord], float]:
-    from inference.bench.engine import hf_generate
 
     records: list[RequestRecord] = []
     began = time.perf_counter()
@@ -315,10 +303,10 @@ def hit_versus_fresh(
         user, _ = wl.make_text(wl._rng(seed, "extra", conv), sizes.user_tokens, count)
         messages = prompts._texts(conv, last)
         ids = next_turn_ids(prompts.tok, messages, prompt_last, reply, user)
-        t_hit, cached = single_ttft(engine, ids)
+        t_hit, cached = time_to_first_token(engine, ids)
         suffix = ids[cached:]
-        t_fresh, cached_fresh = single_ttft(engine, suffix)
-        t_full, _ = single_ttft(off, ids)
+        t_fresh, cached_fresh = time_to_first_token(engine, suffix)
+        t_full, _ = time_to_first_token(off, ids)
         hits.append(t_hit)
         fresh.append(t_fresh)
         full.append(t_full)
@@ -541,7 +529,6 @@ def run(
 
     n_hf = min(sizes.hf_conversations, n_conv)
     log(f"transformers generate: {n_hf} conversations, one request at a time")
-    from inference.bench.engine import load_hf_model, pad_token_id
 
     hf = load_hf_model(model, dtype)
     pad = pad_token_id(tok)

@@ -83,3 +83,13 @@ def smollm2_hf():
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(resolve_model_path(), dtype=torch.float32).eval()
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test: on a busy shared machine every multi-threaded op
+    waits for a descheduled OpenMP worker (milliseconds per op)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

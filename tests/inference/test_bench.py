@@ -6,9 +6,6 @@ template), so it takes seconds. Timings are never asserted: they are noise here.
 
 import json
 
-import pytest
-import torch
-
 from inference import bench
 from inference.bench import engine as bench_engine
 from inference.bench.workloads import Sizes
@@ -26,16 +23,6 @@ MICRO = Sizes(
     warmup_len=4,
     warmup_new_tokens=2,
 )
-
-
-@pytest.fixture
-def one_thread():
-    # On a busy shared machine every multi-threaded op waits for a descheduled
-    # OpenMP worker (milliseconds per op); one thread keeps this check short.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_bench_reports_every_figure(tiny_model, tmp_path, monkeypatch, one_thread):

@@ -162,37 +162,12 @@ def texts(work: wl.Workload) -> list:
 
 
 def test_workloads_are_deterministic_in_their_seed(tokenizer):
+    kw = dict(conversations=3, turns=2, system_tokens=30, user_tokens=12, reply_tokens=4,
+              tokenizer=tokenizer)
     for name in wl.WORKLOADS:
-        a = wl.build(
-            name,
-            conversations=3,
-            turns=2,
-            system_tokens=30,
-            user_tokens=12,
-            reply_tokens=4,
-            seed=1,
-            tokenizer=tokenizer,
-        )
-        b = wl.build(
-            name,
-            conversations=3,
-            turns=2,
-            system_tokens=30,
-            user_tokens=12,
-            reply_tokens=4,
-            seed=1,
-            tokenizer=tokenizer,
-        )
-        c = wl.build(
-            name,
-            conversations=3,
-            turns=2,
-            system_tokens=30,
-            user_tokens=12,
-            reply_tokens=4,
-            seed=2,
-            tokenizer=tokenizer,
-        )
+        a = wl.build(name, seed=1, **kw)
+        b = wl.build(name, seed=1, **kw)
+        c = wl.build(name, seed=2, **kw)
         assert texts(a) == texts(b) and texts(a) != texts(c)
 
 

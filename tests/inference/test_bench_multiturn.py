@@ -4,9 +4,6 @@ never asserted."""
 
 import json
 
-import pytest
-import torch
-
 from inference import bench
 from inference.bench import multiturn as bench_multiturn
 
@@ -21,14 +18,6 @@ MICRO = bench_multiturn.ChatSizes(
     overhead_repeats=1,
     hit_samples=1,
 )
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_multiturn_reports_every_system(tiny_model, tmp_path, monkeypatch, one_thread):
