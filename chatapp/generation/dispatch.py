@@ -58,12 +58,16 @@ def _embedded_waiting() -> int | None:
 
 def use_worker() -> bool:
     """Whether the next chat reply goes to a Celery worker, by the configured rule."""
+    broker_configured = bool(settings.CELERY_BROKER_URL)
+    max_waiting = settings.CELERY_EMBEDDED_MAX_WAITING
+    # The engine's snapshot is read only when its queue can decide (not on every send).
+    use_queue = broker_configured and max_waiting > 0
     return reply_goes_to_worker(
         max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
-        embedded_waiting=_embedded_waiting(),
-        broker_configured=bool(settings.CELERY_BROKER_URL),
+        embedded_waiting=_embedded_waiting() if use_queue else None,
+        broker_configured=broker_configured,
         min_tokens=settings.CELERY_REPLY_MIN_TOKENS,
-        max_waiting=settings.CELERY_EMBEDDED_MAX_WAITING,
+        max_waiting=max_waiting,
     )
 
 
