@@ -50,6 +50,8 @@ class EngineConfig:
     # machine 1 avoids waiting for descheduled worker threads on every small op.
     num_threads: int | None = None
     model_cache_dir: str | None = None
+    # On CPU, lay bf16 matmul weights out once in oneDNN's blocked format (kernels/cpu_linear).
+    pack_weights: bool = True
     # Label used for metrics and the dashboard ("web", "worker@host").
     engine_id: str = "embedded"
 

@@ -36,6 +36,10 @@ class ModelRunner:
             model = LlamaForCausalLM(model_config)
         model.load_hf_state_dict(state_dict)
         self.model = model.to(dtype=self.dtype).eval()
+        # Decode batches are the common shape: oneDNN lays weights out for them.
+        on_cpu = config.pack_weights and self.device.type == "cpu"
+        if on_cpu and self.model.pack_weights(batch_hint=config.max_num_seqs):
+            log.info("matmul weights packed for oneDNN")
         # Rotary frequencies stay fp32 for accuracy at long positions.
         self.model.rotary.inv_freq = self.model.rotary.inv_freq.float()
         per_block = kv_bytes_per_block(model_config, self.block_size, self.dtype)
@@ -86,7 +90,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, seqs: list[Sequence], num_tokens: list[int]) -> torch.Tensor | None:
-        """Run one step; logits [rows, vocab] for the sequences whose chunk reaches their end."""
+        """Run one step; logits [rows, vocab], in the model's dtype, for the sequences
+        whose chunk reaches their end."""
         input_ids, positions, meta, sample_rows = self.prepare(seqs, num_tokens)
         hidden = self.model(input_ids, positions, self.kv_cache, meta)
         if not sample_rows:
@@ -96,7 +101,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def full_logits(self, seqs: list[Sequence], num_tokens: list[int]) -> torch.Tensor:
-        """Logits for every scheduled token (for parity tests and scoring)."""
+        """fp32 logits for every scheduled token (for parity tests and scoring)."""
         input_ids, positions, meta, _ = self.prepare(seqs, num_tokens)
         hidden = self.model(input_ids, positions, self.kv_cache, meta)
-        return self.model.compute_logits(hidden).cpu()
+        return self.model.compute_logits(hidden).float().cpu()

@@ -12,6 +12,27 @@ from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from kernels import AttentionMetadata, paged_attention, store_kvcache
+from kernels.cpu_linear import linear, pack_weight, packed_linear
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose weight can be packed once for oneDNN (see kernels.cpu_linear)."""
+
+    packed: torch.Tensor | None = None
+
+    def pack(self, batch_hint: int | None) -> bool:
+        packed = pack_weight(self.weight, batch_hint)
+        if packed is None:
+            return False
+        self.packed = packed
+        # Only the packed copy is read from now on; release the plain one.
+        self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
+        return True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return packed_linear(x, self.packed, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -70,8 +91,8 @@ class Attention(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
         self.scale = self.head_dim**-0.5
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -90,8 +111,8 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.inter = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=False)
-        self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = Linear(self.inter, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
@@ -125,7 +146,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tie_word_embeddings else nn.Linear(
+        self.lm_head = None if self.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, bias=False
         )
 
@@ -151,9 +172,25 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos, sin, kv_cache[0, i], kv_cache[1, i], meta)
         return self.norm(x)
 
+    def pack_weights(self, batch_hint: int | None = None) -> bool:
+        """Pack every matmul weight for oneDNN where this CPU build can (bf16);
+        False when nothing was packed. A tied output projection gets its own
+        packed copy, the embedding table staying plain for lookups."""
+        packed = [m.pack(batch_hint) for m in self.modules() if isinstance(m, Linear)]
+        if self.lm_head is None:
+            self._tied_head_packed = pack_weight(self.embed_tokens.weight, batch_hint)
+        return any(packed)
+
+    _tied_head_packed: torch.Tensor | None = None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        """Logits [rows, vocab] in the model's dtype: greedy rows need only their
+        argmax, which a cast to fp32 (exact for bf16) would not change."""
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        if self._tied_head_packed is not None:
+            return packed_linear(hidden, self._tied_head_packed, None)
+        return linear(hidden, self.embed_tokens.weight)
 
     @torch.no_grad()
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:

@@ -199,3 +199,41 @@ def test_async_engine_streams_aborts_and_refuses_bad_input(make_engine):
         asyncio.run(scenario())
     finally:
         engine.shutdown()
+
+
+def test_bf16_engine_packs_its_weights_and_decodes_as_the_plain_one(make_engine):
+    """Packing the matmul weights for oneDNN changes the speed, not the tokens."""
+    import torch
+
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = [[5, 17, 300, 42], [9, 9, 81, 4000, 12, 7], [77]]
+    outputs = {}
+    for pack in (True, False):
+        engine = make_engine(dtype="bfloat16", pack_weights=pack)
+        down = engine.runner.model.layers[0].mlp.down_proj
+        assert (down.packed is not None) == (pack and torch.backends.mkldnn.is_available())
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{i}", p, params)
+        done = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.token_ids
+        outputs[pack] = [done[f"r{i}"] for i in range(len(prompts))]
+    assert outputs[True] == outputs[False]
+
+
+def test_greedy_takes_the_first_maximum_in_the_logits_own_dtype():
+    """bf16 logits tie often; greedy picks the lowest id among the maxima, as argmax
+    over the same logits cast to fp32 does (transformers' choice)."""
+    import torch
+
+    from inference.sampler import sample
+
+    logits = torch.randn(3, 50).bfloat16()
+    logits[0, [7, 31]] = 9.0
+    logits[1, 49] = 9.0
+    logits[2, [0, 1]] = 9.0
+    seqs = [Sequence(i, "r", 0, [1], SamplingParams(temperature=0.0)) for i in range(3)]
+    assert sample(logits, seqs) == [7, 49, 0]
+    assert sample(logits, seqs) == logits.float().argmax(-1).tolist()

@@ -25,8 +25,8 @@ def dense_attention(q, k, v, scale):
 
 
 # (context length, query tokens): whole prefill, prefill over a cached prefix,
-# several decodes, ragged lengths; the last two are long enough for the
-# low-precision matmul path in bf16.
+# several decodes, ragged lengths; (45, 12) is long enough for the low-precision
+# matmul path in bf16, (40, 40) is a whole prompt, which stays with SDPA.
 MIXED = [(9, 9), (13, 5), (7, 1), (17, 1), (1, 1), (30, 3), (45, 12), (40, 40)]
 # A lone decode over a long context takes the batched decode path.
 LONE_DECODE = [(140, 1)]
@@ -93,6 +93,7 @@ def test_low_precision_path_is_chosen_for_a_chat_turn_and_matches_dense():
     assert not _use_low_precision_path(torch.float32, 68, 1060)
     assert not _use_low_precision_path(torch.bfloat16, 1, 1060)  # decode is batched elsewhere
     assert not _use_low_precision_path(torch.bfloat16, 512, 512)  # flash wins there
+    assert not _use_low_precision_path(torch.bfloat16, 128, 128)  # and on any whole prompt
     torch.manual_seed(1)
     n, length, heads, kv_heads, dim = 20, 70, 9, 3, 16
     q = torch.randn(n, heads, dim)
