@@ -144,12 +144,16 @@ def paged_attention(
         if i in batched:
             continue
         start, length = meta.query_start_loc[i], meta.seq_lens[i]
-        if _use_low_precision_path(k_cache.dtype, n, length):
+        path = _prefix_path(k_cache.dtype, n, length)
+        if path:
             k = gather_kv(k_cache, meta.block_tables[i], length)
             v = gather_kv(v_cache, meta.block_tables[i], length)
-            out[start : start + n] = _attend_low_precision(
-                query[start : start + n], k, v, meta.future_mask(n), scale
-            ).to(out.dtype)
+            q = query[start : start + n]
+            if path == "split":
+                o = _attend_prefix_then_self(q, k, v, scale)
+            else:
+                o = _attend_low_precision(q, k, v, meta.future_mask(n), scale)
+            out[start : start + n] = o.to(out.dtype)
             continue
         q = query[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         k = gather_kv(k_cache, meta.block_tables[i], length).transpose(0, 1).unsqueeze(0)
@@ -172,6 +176,55 @@ def paged_attention(
 # 600-4,000 keys).
 _LOW_PRECISION_MAX_QUERIES = 256
 _LOW_PRECISION_MAX_SCORES = 1 << 21
+
+
+# From this many cached tokens on, a chunk over a cached prefix attends to the
+# prefix and to itself in two flash calls, merged by their log-sum-exps: in bf16,
+# 2-3x faster than the matmul path at 1,400-2,000 keys (68 queries), even at 600;
+# exact in fp32 (1e-7 from dense attention).
+_SPLIT_MIN_PREFIX = 512
+
+
+def _prefix_path(dtype: torch.dtype, n: int, length: int) -> str | None:
+    """How a chunk of n > 1 queries over a cached prefix is attended: "split" (two
+    flash calls), "matmul" (_attend_low_precision, bf16/fp16 only), or None (SDPA
+    with a mask for fp32 over a short prefix, plain causal SDPA for a whole prompt)."""
+    if not 1 < n < length:
+        return None
+    if length - n >= _SPLIT_MIN_PREFIX:
+        return "split"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return "matmul" if _use_low_precision_path(dtype, n, length) else "split"
+
+
+def _attend_prefix_then_self(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Causal attention of n queries [n, H, D], the last n of L positions, over keys
+    and values [L, kv_heads, D], with no mask: every query sees all L - n cached
+    keys (one flash call, the heads of a KV group folded into its query rows) and
+    the new keys causally (a second, is_causal flash call); the two softmaxes are
+    merged by their log-sum-exps (CPU flash attention returns them)."""
+    n, heads, dim = query.shape
+    length, kv_heads = key.shape[0], key.shape[1]
+    group, prefix = heads // kv_heads, length - n
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    k = key.transpose(0, 1).unsqueeze(0)  # [1, kv, L, D], a view
+    v = value.transpose(0, 1).unsqueeze(0)
+    q = query.to(key.dtype)
+    folded = q.view(n, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, -1, dim)
+    o_pre, lse_pre = flash(folded, k[:, :, :prefix], v[:, :, :prefix], scale=scale)[:2]
+    own_k = k[:, :, prefix:].repeat_interleave(group, dim=1)
+    own_v = v[:, :, prefix:].repeat_interleave(group, dim=1)
+    o_own, lse_own = flash(
+        q.transpose(0, 1).unsqueeze(0), own_k, own_v, is_causal=True, scale=scale
+    )[:2]
+    # Folded rows are (kv head, group member, query): heads in order, as in o_own.
+    o_pre = o_pre.reshape(1, heads, n, dim)
+    share_pre = torch.sigmoid(lse_pre.reshape(1, heads, n) - lse_own).unsqueeze(-1)
+    o = torch.lerp(o_own.float(), o_pre.float(), share_pre)
+    return o[0].transpose(0, 1)
 
 
 def _use_low_precision_path(dtype: torch.dtype, n: int, length: int) -> bool:

@@ -6,6 +6,8 @@ import torch
 from kernels.attention import (
     AttentionMetadata,
     _attend_low_precision,
+    _attend_prefix_then_self,
+    _prefix_path,
     _use_low_precision_path,
     paged_attention,
     store_kvcache,
@@ -26,8 +28,9 @@ def dense_attention(q, k, v, scale):
 
 # (context length, query tokens): whole prefill, prefill over a cached prefix,
 # several decodes, ragged lengths; (45, 12) is long enough for the low-precision
-# matmul path in bf16, (40, 40) is a whole prompt, which stays with SDPA.
-MIXED = [(9, 9), (13, 5), (7, 1), (17, 1), (1, 1), (30, 3), (45, 12), (40, 40)]
+# matmul path in bf16, (40, 40) is a whole prompt, which stays with SDPA, and
+# (530, 7) has a cached prefix long enough for the two flash calls.
+MIXED = [(9, 9), (13, 5), (7, 1), (17, 1), (1, 1), (30, 3), (45, 12), (40, 40), (530, 7)]
 # A lone decode over a long context takes the batched decode path.
 LONE_DECODE = [(140, 1)]
 
@@ -37,7 +40,7 @@ LONE_DECODE = [(140, 1)]
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 def test_paged_attention_matches_dense(shapes, num_heads, num_kv_heads, dtype, tol):
     torch.manual_seed(0)
-    bs, head_dim, num_blocks = 4, 8, 64
+    bs, head_dim, num_blocks = 4, 8, 256
     k_cache = torch.zeros(num_blocks, bs, num_kv_heads, head_dim, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     perm = torch.randperm(num_blocks).tolist()  # out-of-order blocks
@@ -103,3 +106,31 @@ def test_low_precision_path_is_chosen_for_a_chat_turn_and_matches_dense():
     got = _attend_low_precision(q.bfloat16(), k.bfloat16(), v.bfloat16(), future, dim**-0.5)
     ref = dense_attention(q, k, v, dim**-0.5)
     assert (got.float() - ref).abs().max().item() < 3e-2
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("n,length", [(68, 1368), (5, 600), (2, 40), (30, 31)])
+def test_prefix_then_self_in_two_flash_calls_is_causal_attention(
+    num_heads, num_kv_heads, dtype, tol, n, length
+):
+    """Attending to the cached prefix and to the chunk itself separately, merged by
+    log-sum-exp, is the same causal attention (exact in fp32)."""
+    torch.manual_seed(n)
+    dim = 16
+    q = torch.randn(n, num_heads, dim)
+    k = torch.randn(length, num_kv_heads, dim)
+    v = torch.randn(length, num_kv_heads, dim)
+    got = _attend_prefix_then_self(q.to(dtype), k.to(dtype), v.to(dtype), dim**-0.5)
+    ref = dense_attention(q, k, v, dim**-0.5)
+    assert got.shape == (n, num_heads, dim)
+    assert (got.float() - ref).abs().max().item() < tol
+
+
+def test_prefix_path_choice():
+    assert _prefix_path(torch.bfloat16, 68, 1368) == "split"  # long prefix
+    assert _prefix_path(torch.float32, 68, 1368) == "split"
+    assert _prefix_path(torch.bfloat16, 68, 300) == "matmul"  # short prefix
+    assert _prefix_path(torch.float32, 68, 300) is None  # masked SDPA
+    assert _prefix_path(torch.bfloat16, 128, 128) is None  # a whole prompt: causal SDPA
+    assert _prefix_path(torch.bfloat16, 1, 900) is None  # decode goes elsewhere
