@@ -24,6 +24,7 @@ class DecodeBatch:
     token_idx: torch.Tensor  # [B] their query tokens in the flat batch
     tables: torch.Tensor  # [B, max_blocks] their block tables, cut to the longest context
     max_len: int
+    all_rows: bool  # every query token of the step is a decode, in order
     padding: torch.Tensor | None  # [B, 1, 1, max_len] True past a context; None if none is
     _masks: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -84,6 +85,7 @@ class AttentionMetadata:
             token_idx=torch.tensor([self.query_start_loc[i] for i in rows], device=device),
             tables=self.block_tables.index_select(0, idx)[:, :max_blocks],
             max_len=max_len,
+            all_rows=len(rows) == len(self.seq_lens),
             padding=padding,
         )
 
@@ -148,8 +150,10 @@ def paged_attention(
     context length L holds positions L-q .. L-1; query j sees keys 0 .. L-q+j.
     Grouped-query attention: num_heads is a multiple of the cache's kv heads.
     """
-    out = torch.empty_like(query)
     decode = meta.decode_batch(k_cache.shape[1])
+    if decode is not None and decode.all_rows:  # a step of decodes only: the common case
+        return _decode_attention(query, k_cache, v_cache, decode, scale).to(query.dtype)
+    out = torch.empty_like(query)
     batched = set(decode.rows) if decode else set()
     for i, n in enumerate(meta.query_lens):
         if i in batched:
@@ -177,7 +181,9 @@ def paged_attention(
         )
         out[start : start + n] = o[0].transpose(0, 1).to(out.dtype)
     if decode:
-        _batched_decode(query, k_cache, v_cache, decode, scale, out)
+        rows = query.index_select(0, decode.token_idx)
+        o = _decode_attention(rows, k_cache, v_cache, decode, scale)
+        out.index_copy_(0, decode.token_idx, o.to(out.dtype))
     return out
 
 
@@ -270,16 +276,15 @@ def _attend_low_precision(
     return o.view(kv_heads, group, n, dim).permute(2, 0, 1, 3).reshape(n, heads, dim)
 
 
-def _batched_decode(
+def _decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     d: DecodeBatch,
     scale: float,
-    out: torch.Tensor,
-) -> None:
-    """One flash-attention call for all single-token queries, padded to the longest
-    context, with an additive mask over the padding.
+) -> torch.Tensor:
+    """Attention of the decode rows' queries [B, H, D], one per sequence of d, in one
+    flash-attention call padded to the longest context with an additive mask.
 
     The heads sharing a KV head are that head's query rows, so K/V are never
     repeated for grouped-query attention, and K/V are read through strided views
@@ -294,8 +299,8 @@ def _batched_decode(
     blocks = d.tables.reshape(-1)
     k = k_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : d.max_len]
     v = v_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : d.max_len]
-    q = query.index_select(0, d.token_idx).to(k.dtype).view(b, kv_heads, group, head_dim)
+    q = query.to(k.dtype).view(b, kv_heads, group, head_dim)
     o = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=d.mask(k.dtype), scale=scale
     )[0]
-    out.index_copy_(0, d.token_idx, o.reshape(b, -1, head_dim).to(out.dtype))
+    return o.reshape(b, -1, head_dim)

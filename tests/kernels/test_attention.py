@@ -31,11 +31,14 @@ def dense_attention(q, k, v, scale):
 # matmul path in bf16, (40, 40) is a whole prompt, which stays with SDPA, and
 # (530, 7) has a cached prefix long enough for the two flash calls.
 MIXED = [(9, 9), (13, 5), (7, 1), (17, 1), (1, 1), (30, 3), (45, 12), (40, 40), (530, 7)]
-# A lone decode over a long context takes the batched decode path.
+# A lone decode, and a step of ragged decodes only (the decode-only fast path).
 LONE_DECODE = [(140, 1)]
+DECODES = [(7, 1), (17, 1), (33, 1), (5, 1), (33, 1)]
 
 
-@pytest.mark.parametrize("shapes", [MIXED, LONE_DECODE], ids=["mixed", "lone-decode"])
+@pytest.mark.parametrize(
+    "shapes", [MIXED, LONE_DECODE, DECODES], ids=["mixed", "lone-decode", "decodes"]
+)
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 def test_paged_attention_matches_dense(shapes, num_heads, num_kv_heads, dtype, tol):
