@@ -5,10 +5,8 @@ import torch
 
 from kernels.attention import (
     AttentionMetadata,
-    _attend_low_precision,
+    _attend_over_prefix,
     _attend_prefix_then_self,
-    _prefix_path,
-    _use_low_precision_path,
     paged_attention,
     store_kvcache,
 )
@@ -26,10 +24,8 @@ def dense_attention(q, k, v, scale):
     return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v)
 
 
-# (context length, query tokens): whole prefill, prefill over a cached prefix,
-# several decodes, ragged lengths; (45, 12) is long enough for the low-precision
-# matmul path in bf16, (40, 40) is a whole prompt, which stays with SDPA, and
-# (530, 7) has a cached prefix long enough for the two flash calls.
+# (context length, query tokens): whole prompts, chunks over a cached prefix (short
+# and long), several decodes, ragged lengths.
 MIXED = [(9, 9), (13, 5), (7, 1), (17, 1), (1, 1), (30, 3), (45, 12), (40, 40), (530, 7)]
 # A lone decode, and a step of ragged decodes only (the decode-only fast path).
 LONE_DECODE = [(140, 1)]
@@ -92,48 +88,57 @@ def test_store_kvcache_skips_negative_slots():
     assert flat.abs().sum().item() == 0 + 1 + 4 + 5  # nothing else written
 
 
-def test_low_precision_path_is_chosen_for_a_chat_turn_and_matches_dense():
-    """A 68-token turn over ~1,000 cached tokens in bf16 takes the matmul path
-    (fp32 always keeps SDPA), and that path is causal attention over the prefix."""
-    assert _use_low_precision_path(torch.bfloat16, 68, 1060)
-    assert not _use_low_precision_path(torch.float32, 68, 1060)
-    assert not _use_low_precision_path(torch.bfloat16, 1, 1060)  # decode is batched elsewhere
-    assert not _use_low_precision_path(torch.bfloat16, 512, 512)  # flash wins there
-    assert not _use_low_precision_path(torch.bfloat16, 128, 128)  # and on any whole prompt
-    torch.manual_seed(1)
-    n, length, heads, kv_heads, dim = 20, 70, 9, 3, 16
-    q = torch.randn(n, heads, dim)
-    k = torch.randn(length, kv_heads, dim)
-    v = torch.randn(length, kv_heads, dim)
-    future = torch.ones(n, n, dtype=torch.bool).triu(1)
-    got = _attend_low_precision(q.bfloat16(), k.bfloat16(), v.bfloat16(), future, dim**-0.5)
-    ref = dense_attention(q, k, v, dim**-0.5)
-    assert (got.float() - ref).abs().max().item() < 3e-2
+def _prefix_mask(n, length, group, dtype):
+    meta = AttentionMetadata(torch.zeros(n), torch.zeros(1, 1), [0, n], [length])
+    return meta.prefix_mask(0, group, dtype)
 
 
+@pytest.mark.parametrize("way", ["one-masked-call", "prefix-then-self"])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("n,length", [(68, 1368), (5, 600), (2, 40), (30, 31)])
-def test_prefix_then_self_in_two_flash_calls_is_causal_attention(
-    num_heads, num_kv_heads, dtype, tol, n, length
+def test_chunk_over_a_cached_prefix_is_causal_attention(
+    way, num_heads, num_kv_heads, dtype, tol, n, length
 ):
-    """Attending to the cached prefix and to the chunk itself separately, merged by
-    log-sum-exp, is the same causal attention (exact in fp32)."""
+    """Both ways of attending a chunk to its cached prefix and to itself (one flash
+    call with a mask; two unmasked calls merged by log-sum-exp) are causal
+    attention, exact in fp32, with the heads of a KV group folded together."""
     torch.manual_seed(n)
     dim = 16
     q = torch.randn(n, num_heads, dim)
     k = torch.randn(length, num_kv_heads, dim)
     v = torch.randn(length, num_kv_heads, dim)
-    got = _attend_prefix_then_self(q.to(dtype), k.to(dtype), v.to(dtype), dim**-0.5)
+    qd, kd, vd = q.to(dtype), k.to(dtype), v.to(dtype)
+    if way == "one-masked-call":
+        mask = _prefix_mask(n, length, num_heads // num_kv_heads, dtype)
+        got = _attend_over_prefix(qd, kd, vd, mask, dim**-0.5)
+    else:
+        got = _attend_prefix_then_self(qd, kd, vd, dim**-0.5)
     ref = dense_attention(q, k, v, dim**-0.5)
     assert got.shape == (n, num_heads, dim)
     assert (got.float() - ref).abs().max().item() < tol
 
 
-def test_prefix_path_choice():
-    assert _prefix_path(torch.bfloat16, 68, 1368) == "split"  # long prefix
-    assert _prefix_path(torch.float32, 68, 1368) == "split"
-    assert _prefix_path(torch.bfloat16, 68, 300) == "matmul"  # short prefix
-    assert _prefix_path(torch.float32, 68, 300) is None  # masked SDPA
-    assert _prefix_path(torch.bfloat16, 128, 128) is None  # a whole prompt: causal SDPA
-    assert _prefix_path(torch.bfloat16, 1, 900) is None  # decode goes elsewhere
+def test_a_chunk_too_large_for_one_mask_takes_two_calls(monkeypatch):
+    """Past the mask size limit, paged attention switches to the unmasked pair of
+    calls and gives the same result."""
+    import kernels.attention as attention
+
+    torch.manual_seed(3)
+    bs, n, length, heads, kv_heads, dim = 4, 6, 50, 6, 2, 8
+    k_cache = torch.randn(16, bs, kv_heads, dim)
+    v_cache = torch.randn_like(k_cache)
+    table = torch.randperm(16)[: -(-length // bs)]
+    meta = AttentionMetadata(torch.zeros(n, dtype=torch.long), table[None], [0, n], [length])
+    q = torch.randn(n, heads, dim)
+    calls = []
+    real = attention._attend_prefix_then_self
+    monkeypatch.setattr(
+        attention, "_attend_prefix_then_self", lambda *a: calls.append(1) or real(*a)
+    )
+    one = paged_attention(q, k_cache, v_cache, meta, dim**-0.5)
+    assert not calls
+    monkeypatch.setattr(attention, "_MAX_PREFIX_MASK", n * length)
+    two = paged_attention(q, k_cache, v_cache, meta, dim**-0.5)
+    assert calls
+    assert (one - two).abs().max().item() < 1e-5
