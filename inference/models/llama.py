@@ -97,7 +97,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
+        qkv = self.qkv_proj.forward(x)
         # q and k heads side by side: one rotary pass for both.
         qk = qkv[:, : self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads,
                                                       self.head_dim)
@@ -105,7 +105,7 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
         o = paged_attention(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(o.reshape(-1, self.q_size))
+        return self.o_proj.forward(o.reshape(-1, self.q_size))
 
 
 class MLP(nn.Module):
@@ -116,8 +116,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(self.inter, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate).mul_(up))
+        gate, up = self.gate_up_proj.forward(x).split(self.inter, dim=-1)
+        return self.down_proj.forward(F.silu(gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):
@@ -129,12 +129,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, k_cache, v_cache, meta)
+        x = x + h
+        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama-family decoder; Qwen2 differs only by the bias on q/k/v."""
+    """Llama-family decoder; Qwen2 differs only by the bias on q/k/v.
+
+    Inside the model, modules call their children's forward() directly: none has
+    hooks, and nn.Module.__call__ costs a few microseconds a call, about 1 ms of a
+    bf16 decode step over its ~270 calls.
+    """
 
     def __init__(self, config):
         super().__init__()
@@ -170,8 +176,8 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_cache[0, i], kv_cache[1, i], meta)
-        return self.norm(x)
+            x = layer.forward(x, cos, sin, kv_cache[0, i], kv_cache[1, i], meta)
+        return self.norm.forward(x)
 
     def pack_weights(self, batch_hint: int | None = None) -> bool:
         """Pack every matmul weight for oneDNN where this CPU build can (bf16);
