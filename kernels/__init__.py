@@ -22,12 +22,13 @@ def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and triton_available()
 
 
-def store_kvcache(key, value, k_cache, v_cache, slot_mapping) -> None:
+def store_kvcache(key, value, k_cache, v_cache, slot_mapping, all_valid=None) -> None:
     if _use_triton(key):
         from kernels import triton_attention
 
+        # The kernel checks each slot itself.
         return triton_attention.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
-    return reference.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
+    return reference.store_kvcache(key, value, k_cache, v_cache, slot_mapping, all_valid)
 
 
 def paged_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float):

@@ -55,6 +55,11 @@ class AttentionMetadata:
     _derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @cached_property
+    def all_slots_valid(self) -> bool:
+        """No token of the step skips its store (checked once, not in every layer)."""
+        return bool((self.slot_mapping >= 0).all())
+
+    @cached_property
     def query_lens(self) -> list[int]:
         q = self.query_start_loc
         return [q[i + 1] - q[i] for i in range(len(q) - 1)]
@@ -113,12 +118,15 @@ def store_kvcache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    all_valid: bool | None = None,
 ) -> None:
-    """Write key/value [num_tokens, kv_heads, head_dim] into their cache slots."""
+    """Write key/value [num_tokens, kv_heads, head_dim] into their cache slots;
+    all_valid=True (AttentionMetadata.all_slots_valid) skips the per-call check."""
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
-    keep = slot_mapping >= 0
-    if not bool(keep.all()):
-        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    if not all_valid:
+        keep = slot_mapping >= 0
+        if not bool(keep.all()):
+            key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 

@@ -42,10 +42,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # Normalised in fp32, rounded, then scaled: transformers' order of roundings.
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -103,7 +101,7 @@ class Attention(nn.Module):
                                                       self.head_dim)
         q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
-        store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
+        store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping, meta.all_slots_valid)
         o = paged_attention(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj.forward(o.reshape(-1, self.q_size))
 

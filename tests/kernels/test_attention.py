@@ -86,6 +86,9 @@ def test_store_kvcache_skips_negative_slots():
     assert flat[0].tolist() == [[4.0, 5.0]]
     assert v_cache.view(-1, 1, 2)[0].tolist() == [[-4.0, -5.0]]
     assert flat.abs().sum().item() == 0 + 1 + 4 + 5  # nothing else written
+    meta = AttentionMetadata(torch.tensor([5, -1, 0]), torch.zeros(1, 1), [0, 3], [3])
+    assert not meta.all_slots_valid
+    assert AttentionMetadata(torch.tensor([5, 0]), torch.zeros(1, 1), [0, 2], [2]).all_slots_valid
 
 
 def _prefix_mask(n, length, group, dtype):
