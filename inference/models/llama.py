@@ -42,8 +42,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalised in fp32, rounded, then scaled: transformers' order of roundings.
-        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
+        # rms_norm normalises bf16 input in fp32 and rounds once; the weight is applied
+        # after that rounding, in the model's dtype: transformers' order of roundings.
+        return self.weight * F.rms_norm(x, self.weight.shape, eps=self.eps)
 
 
 class RotaryEmbedding(nn.Module):
