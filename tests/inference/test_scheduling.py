@@ -79,11 +79,11 @@ def test_random_aborts_leave_no_block_in_use(make_engine):
     assert not engine.requests and snap["num_running"] == snap["num_waiting"] == 0
 
 
-def test_step_budget_defaults_to_512_tokens_on_cpu():
-    """On CPU a step is at most 512 tokens by default, so a long prompt is chunked and
+def test_step_budget_defaults_to_256_tokens_on_cpu():
+    """On CPU a step is at most 256 tokens by default, so a long prompt is chunked and
     running decodes wait for at most one such chunk."""
     from inference.config import EngineConfig
 
-    assert EngineConfig().max_num_batched_tokens == 512
+    assert EngineConfig().max_num_batched_tokens == 256
     assert EngineConfig(device="cuda").max_num_batched_tokens == 2048
     assert EngineConfig(max_num_batched_tokens=64).max_num_batched_tokens == 64
