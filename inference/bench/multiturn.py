@@ -98,8 +98,8 @@ FULL = ChatSizes(
     reply_tokens=64,
     hf_conversations=4,
     random_requests=16,
-    overhead_repeats=3,
-    hit_samples=8,
+    overhead_repeats=5,
+    hit_samples=16,
 )
 QUICK = ChatSizes(
     conversations=4,
