@@ -208,6 +208,15 @@ def _flash(
 _MAX_PREFIX_MASK = 1 << 22
 
 
+def _fold_groups(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Queries [n, H, D] as [1, kv_heads, group * n, D]: the heads sharing a KV head
+    become that head's query rows, ordered (group member, query), so K/V need no
+    repeating for grouped-query attention."""
+    n, heads, dim = query.shape
+    group = heads // kv_heads
+    return query.view(n, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, -1, dim)
+
+
 def _attend_over_prefix(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -218,9 +227,8 @@ def _attend_over_prefix(
     n, heads, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
-    folded = query.to(key.dtype).view(n, kv_heads, group, dim).permute(1, 2, 0, 3)
     o = _flash(
-        folded.reshape(1, kv_heads, group * n, dim),
+        _fold_groups(query.to(key.dtype), kv_heads),
         key.transpose(0, 1).unsqueeze(0),
         value.transpose(0, 1).unsqueeze(0),
         mask,
@@ -244,7 +252,7 @@ def _attend_prefix_then_self(
     k = key.transpose(0, 1).unsqueeze(0)  # [1, kv, L, D], a view
     v = value.transpose(0, 1).unsqueeze(0)
     q = query.to(key.dtype)
-    folded = q.view(n, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, -1, dim)
+    folded = _fold_groups(q, kv_heads)
     o_pre, lse_pre = flash(folded, k[:, :, :prefix], v[:, :, :prefix], scale=scale)[:2]
     own_k = k[:, :, prefix:].repeat_interleave(group, dim=1)
     own_v = v[:, :, prefix:].repeat_interleave(group, dim=1)

@@ -152,9 +152,11 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tie_word_embeddings else Linear(
-            config.hidden_size, config.vocab_size, bias=False
-        )
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        if self.tie_word_embeddings:
+            # One Parameter for both. Packing gives the head its own packed copy and
+            # leaves the embedding table plain for lookups.
+            self.lm_head.weight = self.embed_tokens.weight
 
     @property
     def num_kv_heads(self) -> int:
@@ -180,23 +182,14 @@ class LlamaForCausalLM(nn.Module):
 
     def pack_weights(self, batch_hint: int | None = None) -> bool:
         """Pack every matmul weight for oneDNN where this CPU build can (bf16);
-        False when nothing was packed. A tied output projection gets its own
-        packed copy, the embedding table staying plain for lookups."""
+        False when nothing was packed."""
         packed = [m.pack(batch_hint) for m in self.modules() if isinstance(m, Linear)]
-        if self.lm_head is None:
-            self._tied_head_packed = pack_weight(self.embed_tokens.weight, batch_hint)
         return any(packed)
-
-    _tied_head_packed: torch.Tensor | None = None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] in the model's dtype: greedy rows need only their
         argmax, which a cast to fp32 (exact for bf16) would not change."""
-        if self.lm_head is not None:
-            return self.lm_head(hidden)
-        if self._tied_head_packed is not None:
-            return packed_linear(hidden, self._tied_head_packed, None)
-        return linear(hidden, self.embed_tokens.weight)
+        return self.lm_head.forward(hidden)
 
     @torch.no_grad()
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -208,7 +201,7 @@ class LlamaForCausalLM(nn.Module):
 
         self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
         self.norm.weight.copy_(take("model.norm.weight"))
-        if self.lm_head is not None:
+        if not self.tie_word_embeddings:
             self.lm_head.weight.copy_(take("lm_head.weight"))
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."

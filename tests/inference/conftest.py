@@ -15,7 +15,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja", "generation_config.json")
 
 
-def make_tiny_model(dest: Path, model_type: str = "llama", seed: int = 0) -> Path:
+def make_tiny_model(dest: Path, model_type: str = "llama", seed: int = 0, tied: bool = True) -> Path:
     """A 2-layer random model with SmolLM2's tokenizer (so text round-trips)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
@@ -28,7 +28,7 @@ def make_tiny_model(dest: Path, model_type: str = "llama", seed: int = 0) -> Pat
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         rms_norm_eps=1e-5,
         bos_token_id=1,
         eos_token_id=2,

@@ -67,6 +67,23 @@ def test_tiny_logits_whole_chunked_and_cached(arch, tiny_model, tiny_qwen2):
     assert (rest - ref_longer[cached:]).abs().max().item() < TOL
 
 
+@pytest.mark.parametrize("dtype,tol", [("float32", TOL), ("bfloat16", 0.15)])
+def test_untied_output_projection_is_its_own_weight(tmp_path, dtype, tol):
+    """A model whose lm_head is not the embedding table loads, packs (bf16) and
+    projects with its own weight."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.inference.conftest import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "untied", tied=False, seed=2)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    assert not torch.equal(hf.lm_head.weight, hf.model.embed_tokens.weight)
+    engine = LLMEngine(EngineConfig(model=str(path), dtype=dtype, num_blocks=16))
+    ids = torch.randint(0, 49152, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    _, ours = our_logits(engine, ids, [20])
+    assert (ours - hf_logits(hf, ids)).abs().max().item() < tol
+
+
 @pytest.mark.model
 def test_smollm2_logits_match_transformers(smollm2_engine, smollm2_hf):
     tok = smollm2_engine.tokenizer
