@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from inference.config import EngineConfig
+from inference.cpu_allocator import keep_heap_pages
 from inference.models.llama import LlamaForCausalLM
 from inference.sequence import Sequence
 from kernels.attention import AttentionMetadata
@@ -30,6 +31,8 @@ class ModelRunner:
         self.device = torch.device(config.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        if self.device.type == "cpu":
+            keep_heap_pages()
         self.dtype = config.torch_dtype
         self.block_size = config.block_size
         with torch.device(self.device):

@@ -1,13 +1,15 @@
 """The engine benchmark: our engine against transformers on the same weights and prompts.
 
     python -m inference.bench [engine] [--quick] [--dtype bfloat16|float32] [--out PATH]
-                                       [--threads N] [--model PATH]
+                                       [--threads N] [--model PATH] [--rounds N]
 
 Prints one JSON document and writes it (default bench-results/engine.json):
 prefill tokens/s, decode tokens/s at 1 and 32 concurrent sequences, each for
 our engine and for transformers, and the time to first token of a chat's turn 2
 with the prefix cache on and off. Timings use time.perf_counter; every
 measurement is preceded by one warm-up of the same batch with shorter prompts.
+The throughput measurements run in --rounds paired rounds (default 5): each
+ratio is the median round's, and every round is in the JSON.
 """
 
 from __future__ import annotations
@@ -315,28 +317,24 @@ def pad_token_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def throughput(engine: LLMEngine, model, sizes: Sizes, prompts: Prompts) -> tuple[dict, dict]:
+def one_round(engine: LLMEngine, model, sizes: Sizes, prompts: Prompts) -> tuple[dict, dict]:
     """Prefill and decode figures for both sides. Each measurement runs ours, then
     transformers, back to back, so a change in load from other processes on a
     shared machine skews a ratio less than running one side after the other."""
     pad_id = pad_token_id(engine.tokenizer)
-    log("prefill")
     ours: dict = {"prefill": ours_prefill(engine, prompts), "decode": {}}
     hf: dict = {"prefill": hf_prefill(model, prompts), "decode": {}}
     for c in sizes.decode_concurrency:
-        log(f"decode, {c} sequence(s)")
         args = (prompts.decode[c], prompts.decode_warmup[c])
         n, warm = sizes.decode_new_tokens, sizes.warmup_new_tokens
         ours_fig, ours_ids = ours_decode(engine, *args, n, warm)
         hf_fig, hf_ids = hf_decode(model, *args, n, warm, pad_id)
         ours_fig["greedy_match_vs_transformers"] = match_fraction(ours_ids, hf_ids)
         ours["decode"][str(c)], hf["decode"][str(c)] = ours_fig, hf_fig
-    # Must be 0: the pool is sized so that no sequence is recomputed.
-    ours["preemptions"] = engine.scheduler.num_preemptions
     return ours, hf
 
 
-def ratios(ours: dict, hf: dict, turns: dict) -> dict:
+def throughput_ratios(ours: dict, hf: dict) -> dict:
     out = {
         "prefill_ours_over_transformers": ours["prefill"]["tokens_per_s"]
         / hf["prefill"]["tokens_per_s"]
@@ -349,17 +347,51 @@ def ratios(ours: dict, hf: dict, turns: dict) -> dict:
         out[f"decode_{c}_e2e_ours_over_transformers"] = (
             fig["e2e_output_tokens_per_s"] / ref["e2e_output_tokens_per_s"]
         )
+    return out
+
+
+def throughput(
+    engine: LLMEngine, model, sizes: Sizes, prompts: Prompts, rounds: int
+) -> tuple[dict, dict, list[dict]]:
+    """`rounds` paired rounds. For each measurement the figures reported are those of
+    the round with the median ratio, so one burst of load on a shared machine moves
+    no ratio; every round is kept in the JSON."""
+    runs = []
+    for r in range(rounds):
+        log(f"round {r + 1}/{rounds}: prefill, then decode at {sizes.decode_concurrency}")
+        ours, hf = one_round(engine, model, sizes, prompts)
+        runs.append({"ours": ours, "transformers": hf, "ratios": throughput_ratios(ours, hf)})
+
+    def median_run(key: str) -> dict:
+        return sorted(runs, key=lambda run: run["ratios"][key])[(len(runs) - 1) // 2]
+
+    ours: dict = {"decode": {}}
+    hf: dict = {"decode": {}}
+    pick = median_run("prefill_ours_over_transformers")
+    ours["prefill"], hf["prefill"] = pick["ours"]["prefill"], pick["transformers"]["prefill"]
+    for c in map(str, sizes.decode_concurrency):
+        pick = median_run(f"decode_{c}_ours_over_transformers")
+        ours["decode"][c] = pick["ours"]["decode"][c]
+        hf["decode"][c] = pick["transformers"]["decode"][c]
+    # Must be 0: the pool is sized so that no sequence is recomputed.
+    ours["preemptions"] = engine.scheduler.num_preemptions
+    return ours, hf, runs
+
+
+def ratios(ours: dict, hf: dict, turns: dict) -> dict:
+    out = throughput_ratios(ours, hf)
     on, off = turns["cache_on"]["ttft_s"], turns["cache_off"]["ttft_s"]
     out["two_turn_ttft_cache_on_over_off"] = on / off
     out["two_turn_ttft_speedup_off_over_on"] = off / on
     return out
 
 
-def environment(dtype: str, sizes: Sizes, quick: bool, model: str) -> dict:
+def environment(dtype: str, sizes: Sizes, quick: bool, model: str, rounds: int) -> dict:
     import transformers
 
     return {
         "dtype": dtype,
+        "rounds": rounds,
         "quick": quick,
         "sizes": sizes.as_dict(),
         "python": platform.python_version(),
@@ -372,7 +404,11 @@ def environment(dtype: str, sizes: Sizes, quick: bool, model: str) -> dict:
 
 
 def run_bench(
-    sizes: Sizes, dtype: str = "bfloat16", quick: bool = False, model: str = DEFAULT_MODEL
+    sizes: Sizes,
+    dtype: str = "bfloat16",
+    quick: bool = False,
+    model: str = DEFAULT_MODEL,
+    rounds: int = 5,
 ) -> dict:
     """Every measurement, as one JSON-ready dict."""
     started = time.perf_counter()
@@ -380,17 +416,18 @@ def run_bench(
     engine = LLMEngine(engine_config(sizes, dtype, model))
     hf_model = load_hf_model(model, dtype)
     prompts = make_prompts(engine.tokenizer, sizes)
-    ours, hf = throughput(engine, hf_model, sizes, prompts)
+    ours, hf, runs = throughput(engine, hf_model, sizes, prompts, rounds)
     del hf_model
     gc.collect()
     log("two-turn check")
     turns = two_turn(engine, lambda: LLMEngine(engine_config(sizes, dtype, model, False)), sizes)
     return {
-        "environment": environment(dtype, sizes, quick, model),
+        "environment": environment(dtype, sizes, quick, model, rounds),
         "ours": ours,
         "transformers": hf,
         "two_turn": turns,
         "ratios": ratios(ours, hf, turns),
+        "rounds": runs,
         "total_seconds": time.perf_counter() - started,
     }
 
@@ -408,6 +445,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a first look")
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="paired rounds of the throughput measurements; each ratio is their median",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -420,7 +463,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = run_bench(QUICK if args.quick else FULL, args.dtype, args.quick, args.model)
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
+    sizes = QUICK if args.quick else FULL
+    result = run_bench(sizes, args.dtype, args.quick, args.model, args.rounds)
     text = json.dumps(result, indent=2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text + "\n")

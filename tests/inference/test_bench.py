@@ -28,7 +28,9 @@ MICRO = Sizes(
 def test_bench_reports_every_figure(tiny_model, tmp_path, monkeypatch, one_thread):
     monkeypatch.setattr(bench_engine, "FULL", MICRO)
     out = tmp_path / "engine.json"
-    result = bench.main(["--model", str(tiny_model), "--dtype", "float32", "--out", str(out)])
+    result = bench.main(
+        ["--model", str(tiny_model), "--dtype", "float32", "--out", str(out), "--rounds", "3"]
+    )
 
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     env = result["environment"]
@@ -53,3 +55,13 @@ def test_bench_reports_every_figure(tiny_model, tmp_path, monkeypatch, one_threa
         "decode_2_e2e_ours_over_transformers",
         "two_turn_ttft_cache_on_over_off",
     } <= set(result["ratios"])
+    # Each throughput ratio is the median of three paired rounds, and the figures
+    # shown are that round's.
+    assert len(result["rounds"]) == 3
+    for key in ("prefill_ours_over_transformers", "decode_2_ours_over_transformers"):
+        per_round = sorted(run["ratios"][key] for run in result["rounds"])
+        assert result["ratios"][key] == per_round[1]
+    middle = [run for run in result["rounds"]
+              if run["ratios"]["decode_1_ours_over_transformers"]
+              == result["ratios"]["decode_1_ours_over_transformers"]]
+    assert result["ours"]["decode"]["1"] == middle[0]["ours"]["decode"]["1"]

@@ -37,7 +37,16 @@ DECODES = [(7, 1), (17, 1), (33, 1), (5, 1), (33, 1)]
 )
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-def test_paged_attention_matches_dense(shapes, num_heads, num_kv_heads, dtype, tol):
+@pytest.mark.parametrize("scores", ["held-whole", "flash"])
+def test_paged_attention_matches_dense(
+    shapes, num_heads, num_kv_heads, dtype, tol, scores, monkeypatch
+):
+    """Either way a prompt or chunk attends on CPU (its scores held whole, or torch's
+    flash kernel past the size limit) gives causal attention."""
+    if scores == "flash":
+        import kernels.attention as attention
+
+        monkeypatch.setattr(attention, "_MAX_SCORES", 0)
     torch.manual_seed(0)
     bs, head_dim, num_blocks = 4, 8, 256
     k_cache = torch.zeros(num_blocks, bs, num_kv_heads, head_dim, dtype=dtype)
@@ -96,15 +105,15 @@ def _prefix_mask(n, length, group, dtype):
     return meta.prefix_mask(0, group, dtype)
 
 
-@pytest.mark.parametrize("way", ["one-masked-call", "prefix-then-self"])
+@pytest.mark.parametrize("way", ["scores-held-whole", "prefix-then-self"])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("n,length", [(68, 1368), (5, 600), (2, 40), (30, 31)])
 def test_chunk_over_a_cached_prefix_is_causal_attention(
     way, num_heads, num_kv_heads, dtype, tol, n, length
 ):
-    """Both ways of attending a chunk to its cached prefix and to itself (one flash
-    call with a mask; two unmasked calls merged by log-sum-exp) are causal
+    """Both ways of attending a chunk to its cached prefix and to itself (masked
+    scores held whole; two unmasked flash calls merged by log-sum-exp) are causal
     attention, exact in fp32, with the heads of a KV group folded together."""
     torch.manual_seed(n)
     dim = 16
@@ -112,7 +121,7 @@ def test_chunk_over_a_cached_prefix_is_causal_attention(
     k = torch.randn(length, num_kv_heads, dim)
     v = torch.randn(length, num_kv_heads, dim)
     qd, kd, vd = q.to(dtype), k.to(dtype), v.to(dtype)
-    if way == "one-masked-call":
+    if way == "scores-held-whole":
         mask = _prefix_mask(n, length, num_heads // num_kv_heads, dtype)
         got = _attend_over_prefix(qd, kd, vd, mask, dim**-0.5)
     else:
@@ -122,9 +131,9 @@ def test_chunk_over_a_cached_prefix_is_causal_attention(
     assert (got.float() - ref).abs().max().item() < tol
 
 
-def test_a_chunk_too_large_for_one_mask_takes_two_calls(monkeypatch):
-    """Past the mask size limit, paged attention switches to the unmasked pair of
-    calls and gives the same result."""
+def test_a_chunk_too_large_for_whole_scores_takes_two_flash_calls(monkeypatch):
+    """Past the size limit on held scores, paged attention switches to the unmasked
+    pair of flash calls and gives the same result."""
     import kernels.attention as attention
 
     torch.manual_seed(3)
@@ -141,7 +150,7 @@ def test_a_chunk_too_large_for_one_mask_takes_two_calls(monkeypatch):
     )
     one = paged_attention(q, k_cache, v_cache, meta, dim**-0.5)
     assert not calls
-    monkeypatch.setattr(attention, "_MAX_PREFIX_MASK", n * length)
+    monkeypatch.setattr(attention, "_MAX_SCORES", heads * n * length - 1)
     two = paged_attention(q, k_cache, v_cache, meta, dim**-0.5)
     assert calls
     assert (one - two).abs().max().item() < 1e-5

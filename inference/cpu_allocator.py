@@ -1,0 +1,34 @@
+"""Keep freed heap memory mapped in a CPU engine process.
+
+Each layer of a step allocates and frees megabytes (attention scores, gathered
+K/V). With glibc's defaults the top of the heap is handed back to the kernel
+after every free and faulted in again on the next allocation: on a 2-core
+machine that page-fault churn made a 70-token turn's attention over 1,400
+cached tokens 2.5x slower (2.0 ms per layer against 0.8 ms). Asking glibc to
+keep 64 MiB of padding at the top of the heap stops it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger(__name__)
+
+M_TOP_PAD = -2  # glibc's mallopt parameter number
+TOP_PAD_BYTES = 64 << 20
+
+
+def keep_heap_pages(top_pad: int = TOP_PAD_BYTES) -> bool:
+    """Set glibc's M_TOP_PAD for this process; False where the C library isn't glibc."""
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows)
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    ok = bool(mallopt(M_TOP_PAD, top_pad))
+    if ok:
+        log.info("glibc keeps %d MiB of freed heap mapped", top_pad >> 20)
+    return ok
