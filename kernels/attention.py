@@ -170,14 +170,16 @@ def paged_attention(
         k = gather_kv(k_cache, meta.block_tables[i], length)
         v = gather_kv(v_cache, meta.block_tables[i], length)
         held_whole = query.is_cpu and num_heads * n * length <= _MAX_SCORES
-        if n == length and not held_whole:  # a whole prompt: plain causal attention
+        if held_whole:
+            o = _attend_held_whole(q, k, v, meta.prefix_mask(i, group, k.dtype), scale)
+        elif n == length:  # a whole prompt: plain causal attention
             o = F.scaled_dot_product_attention(
                 q.transpose(0, 1).unsqueeze(0).to(k.dtype),
                 k.transpose(0, 1).unsqueeze(0),
                 v.transpose(0, 1).unsqueeze(0),
                 is_causal=True, scale=scale, enable_gqa=True,
             )[0].transpose(0, 1)
-        elif held_whole or not query.is_cpu:
+        elif not query.is_cpu:
             o = _attend_over_prefix(q, k, v, meta.prefix_mask(i, group, k.dtype), scale)
         else:
             o = _attend_prefix_then_self(q, k, v, scale)
@@ -202,12 +204,12 @@ def _flash(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
-# A prompt or a chunk over its cached prefix attends with its n x L scores held
-# whole (heads * n * L elements, 32 MB at most in bf16): two batched matmuls
-# around a softmax, which on CPU run 2-3x faster than torch's flash kernel at
-# these shapes (a 70-token turn over 1,400 cached tokens: 0.8 ms per layer
-# against 2.1 ms; a 256-token chunk over 1,024: 2.2 ms against 5.3 ms). Longer
-# ones take the flash kernel, which no longer loses there.
+# On CPU a prompt or a chunk over its cached prefix attends with its n x L scores
+# held whole (heads * n * L elements, 32 MB at most in bf16): two batched matmuls
+# around a softmax run 2-2.5x faster than torch's flash kernel at these shapes (on
+# a 2-core AVX512-BF16 machine: a 70-token turn over 1,400 cached tokens, 0.8 ms
+# per layer against 2.1 ms; a 256-token chunk over 1,024, 2.0 ms against 4.9 ms).
+# Past the limit the flash kernel is faster (256 over 8,192: 41 ms against 80 ms).
 _MAX_SCORES = 1 << 24
 
 
@@ -220,32 +222,43 @@ def _fold_groups(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query.view(n, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, -1, dim)
 
 
-def _attend_over_prefix(
+def _attend_held_whole(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """Causal attention of n queries [n, H, D], the last n of L positions, over keys
-    and values [L, kv_heads, D]: the heads sharing a KV head are folded into that
-    head's query rows (K/V never repeated), the causal part of the mask (see
-    AttentionMetadata.prefix_mask) covering the chunk's own keys.
-
-    On CPU the scores are one batched matmul, rounded to the model's dtype before
-    an fp32 softmax (as transformers' eager attention does), the mask added only
-    over the chunk's own keys (the cached ones are all visible); elsewhere SDPA."""
+    and values [L, kv_heads, D], with all n x L scores held at once (the CPU path):
+    one batched matmul, the heads sharing a KV head folded into that head's query
+    rows (K/V never repeated); the scores are rounded to the model's dtype before an
+    fp32 softmax, as transformers' eager attention does. Only the chunk's own keys
+    need the causal mask (AttentionMetadata.prefix_mask): the cached ones are all
+    visible."""
     n, heads, dim = query.shape
     length, kv_heads = key.shape[0], key.shape[1]
     group = heads // kv_heads
-    k = key.transpose(0, 1)  # [kv, L, D]
-    v = value.transpose(0, 1)
-    if not query.is_cpu:
-        q = _fold_groups(query.to(key.dtype), kv_heads)
-        o = F.scaled_dot_product_attention(q, k[None], v[None], attn_mask=mask, scale=scale)[0]
-    else:
-        # Pre-scaling the queries is exact for a power-of-two scale (head_dim 64).
-        q = _fold_groups((query * scale).to(key.dtype), kv_heads)[0]  # [kv, group * n, D]
-        # Head-major copies: the batched matmuls would make them anyway.
-        scores = torch.bmm(q, k.contiguous().transpose(1, 2))
-        scores[:, :, length - n :].add_(mask[0, 0, :, length - n :])
-        o = torch.bmm(torch.softmax(scores, dim=-1), v.contiguous())
+    # Pre-scaling the queries is exact for a power-of-two scale (head_dim 64).
+    q = _fold_groups((query * scale).to(key.dtype), kv_heads)[0]  # [kv, group * n, D]
+    # Head-major copies of K and V: the batched matmuls would make them anyway.
+    scores = torch.bmm(q, key.transpose(0, 1).contiguous().transpose(1, 2))
+    scores[:, :, length - n :].add_(mask[0, 0, :, length - n :])
+    o = torch.bmm(torch.softmax(scores, dim=-1), value.transpose(0, 1).contiguous())
+    return o.view(kv_heads, group, n, dim).permute(2, 0, 1, 3).reshape(n, heads, dim)
+
+
+def _attend_over_prefix(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """The same attention in one SDPA call with the whole mask (away from the CPU):
+    the heads of a KV group are folded into its query rows, as above."""
+    n, heads, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    o = F.scaled_dot_product_attention(
+        _fold_groups(query.to(key.dtype), kv_heads),
+        key.transpose(0, 1).unsqueeze(0),
+        value.transpose(0, 1).unsqueeze(0),
+        attn_mask=mask,
+        scale=scale,
+    )
     return o.view(kv_heads, group, n, dim).permute(2, 0, 1, 3).reshape(n, heads, dim)
 
 

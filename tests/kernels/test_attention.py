@@ -5,6 +5,7 @@ import torch
 
 from kernels.attention import (
     AttentionMetadata,
+    _attend_held_whole,
     _attend_over_prefix,
     _attend_prefix_then_self,
     paged_attention,
@@ -105,23 +106,27 @@ def _prefix_mask(n, length, group, dtype):
     return meta.prefix_mask(0, group, dtype)
 
 
-@pytest.mark.parametrize("way", ["scores-held-whole", "prefix-then-self"])
+@pytest.mark.parametrize("way", ["held-whole", "one-sdpa-call", "prefix-then-self"])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("n,length", [(68, 1368), (5, 600), (2, 40), (30, 31)])
 def test_chunk_over_a_cached_prefix_is_causal_attention(
     way, num_heads, num_kv_heads, dtype, tol, n, length
 ):
-    """Both ways of attending a chunk to its cached prefix and to itself (masked
-    scores held whole; two unmasked flash calls merged by log-sum-exp) are causal
-    attention, exact in fp32, with the heads of a KV group folded together."""
+    """Every way of attending a chunk to its cached prefix and to itself (the scores
+    held whole; one masked SDPA call; two unmasked flash calls merged by
+    log-sum-exp) is causal attention, exact in fp32, with the heads of a KV group
+    folded together."""
     torch.manual_seed(n)
     dim = 16
     q = torch.randn(n, num_heads, dim)
     k = torch.randn(length, num_kv_heads, dim)
     v = torch.randn(length, num_kv_heads, dim)
     qd, kd, vd = q.to(dtype), k.to(dtype), v.to(dtype)
-    if way == "scores-held-whole":
+    if way == "held-whole":
+        mask = _prefix_mask(n, length, num_heads // num_kv_heads, dtype)
+        got = _attend_held_whole(qd, kd, vd, mask, dim**-0.5)
+    elif way == "one-sdpa-call":  # the path away from the CPU
         mask = _prefix_mask(n, length, num_heads // num_kv_heads, dtype)
         got = _attend_over_prefix(qd, kd, vd, mask, dim**-0.5)
     else:
