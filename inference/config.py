@@ -6,25 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.cpu_features import has_native_bf16
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
-
-
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU advertises AMX-BF16 or AVX512-BF16 (Linux /proc/cpuinfo)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"amx_bf16", "avx512_bf16"})
-    except OSError:
-        pass
-    return False
 
 
 def default_dtype(device: str) -> str:
     """bf16 on CUDA and on CPUs with native bf16 matmuls; fp32 elsewhere (emulated bf16 is slow)."""
-    if device.startswith("cuda") or cpu_has_native_bf16():
+    if device.startswith("cuda") or has_native_bf16():
         return "bfloat16"
     return "float32"
 

@@ -16,6 +16,8 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_features import has_amx
+
 
 @dataclass
 class DecodeBatch:
@@ -169,7 +171,9 @@ def paged_attention(
         q = query[start : start + n]
         k = gather_kv(k_cache, meta.block_tables[i], length)
         v = gather_kv(v_cache, meta.block_tables[i], length)
-        held_whole = query.is_cpu and num_heads * n * length <= _MAX_SCORES
+        held_whole = (
+            query.is_cpu and k.dtype in _HELD_WHOLE_DTYPES and num_heads * n * length <= _MAX_SCORES
+        )
         if held_whole:
             o = _attend_held_whole(q, k, v, meta.prefix_mask(i, group, k.dtype), scale)
         elif n == length:  # a whole prompt: plain causal attention
@@ -179,7 +183,7 @@ def paged_attention(
                 v.transpose(0, 1).unsqueeze(0),
                 is_causal=True, scale=scale, enable_gqa=True,
             )[0].transpose(0, 1)
-        elif not query.is_cpu:
+        elif group * n * length <= _MAX_PREFIX_MASK or not query.is_cpu:
             o = _attend_over_prefix(q, k, v, meta.prefix_mask(i, group, k.dtype), scale)
         else:
             o = _attend_prefix_then_self(q, k, v, scale)
@@ -204,13 +208,19 @@ def _flash(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
-# On CPU a prompt or a chunk over its cached prefix attends with its n x L scores
-# held whole (heads * n * L elements, 32 MB at most in bf16): two batched matmuls
-# around a softmax run 2-2.5x faster than torch's flash kernel at these shapes (on
-# a 2-core AVX512-BF16 machine: a 70-token turn over 1,400 cached tokens, 0.8 ms
+# On CPU, in bf16 without AMX, a prompt or a chunk over its cached prefix attends
+# with its n x L scores held whole (heads * n * L elements, 32 MB at most): two
+# batched matmuls around a softmax run 2-2.5x faster than torch's flash kernel there
+# (on a 2-core AVX512-BF16 machine: a 70-token turn over 1,400 cached tokens, 0.8 ms
 # per layer against 2.1 ms; a 256-token chunk over 1,024, 2.0 ms against 4.9 ms).
-# Past the limit the flash kernel is faster (256 over 8,192: 41 ms against 80 ms).
+# With AMX the flash kernel runs on AMX tiles and was the faster (0.54 ms for a
+# 68-token turn over 1,368); in fp32 the two are even. Past the limit the flash
+# kernel is faster (256 over 8,192: 41 ms against 80 ms).
+_HELD_WHOLE_DTYPES = frozenset() if has_amx() else frozenset({torch.bfloat16})
 _MAX_SCORES = 1 << 24
+# Otherwise a chunk over a cached prefix takes one flash call with an additive mask
+# of group * n * L elements (a few MB at most), and past that two unmasked calls.
+_MAX_PREFIX_MASK = 1 << 22
 
 
 def _fold_groups(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -247,17 +257,17 @@ def _attend_held_whole(
 def _attend_over_prefix(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """The same attention in one SDPA call with the whole mask (away from the CPU):
-    the heads of a KV group are folded into its query rows, as above."""
+    """The same attention in one flash call with the whole mask (SDPA away from the
+    CPU): the heads of a KV group are folded into its query rows, as above."""
     n, heads, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
-    o = F.scaled_dot_product_attention(
+    o = _flash(
         _fold_groups(query.to(key.dtype), kv_heads),
         key.transpose(0, 1).unsqueeze(0),
         value.transpose(0, 1).unsqueeze(0),
-        attn_mask=mask,
-        scale=scale,
+        mask,
+        scale,
     )
     return o.view(kv_heads, group, n, dim).permute(2, 0, 1, 3).reshape(n, heads, dim)
 

@@ -43,11 +43,11 @@ def test_paged_attention_matches_dense(
     shapes, num_heads, num_kv_heads, dtype, tol, scores, monkeypatch
 ):
     """Either way a prompt or chunk attends on CPU (its scores held whole, or torch's
-    flash kernel past the size limit) gives causal attention."""
-    if scores == "flash":
-        import kernels.attention as attention
+    flash kernel with AMX, in fp32 or past the size limit) gives causal attention."""
+    import kernels.attention as attention
 
-        monkeypatch.setattr(attention, "_MAX_SCORES", 0)
+    held = {torch.float32, torch.bfloat16} if scores == "held-whole" else set()
+    monkeypatch.setattr(attention, "_HELD_WHOLE_DTYPES", held)
     torch.manual_seed(0)
     bs, head_dim, num_blocks = 4, 8, 256
     k_cache = torch.zeros(num_blocks, bs, num_kv_heads, head_dim, dtype=dtype)
@@ -106,7 +106,7 @@ def _prefix_mask(n, length, group, dtype):
     return meta.prefix_mask(0, group, dtype)
 
 
-@pytest.mark.parametrize("way", ["held-whole", "one-sdpa-call", "prefix-then-self"])
+@pytest.mark.parametrize("way", ["held-whole", "one-masked-call", "prefix-then-self"])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("n,length", [(68, 1368), (5, 600), (2, 40), (30, 31)])
@@ -114,7 +114,7 @@ def test_chunk_over_a_cached_prefix_is_causal_attention(
     way, num_heads, num_kv_heads, dtype, tol, n, length
 ):
     """Every way of attending a chunk to its cached prefix and to itself (the scores
-    held whole; one masked SDPA call; two unmasked flash calls merged by
+    held whole; one masked flash call; two unmasked flash calls merged by
     log-sum-exp) is causal attention, exact in fp32, with the heads of a KV group
     folded together."""
     torch.manual_seed(n)
@@ -126,7 +126,7 @@ def test_chunk_over_a_cached_prefix_is_causal_attention(
     if way == "held-whole":
         mask = _prefix_mask(n, length, num_heads // num_kv_heads, dtype)
         got = _attend_held_whole(qd, kd, vd, mask, dim**-0.5)
-    elif way == "one-sdpa-call":  # the path away from the CPU
+    elif way == "one-masked-call":  # flash on CPU, SDPA elsewhere
         mask = _prefix_mask(n, length, num_heads // num_kv_heads, dtype)
         got = _attend_over_prefix(qd, kd, vd, mask, dim**-0.5)
     else:
@@ -136,9 +136,10 @@ def test_chunk_over_a_cached_prefix_is_causal_attention(
     assert (got.float() - ref).abs().max().item() < tol
 
 
-def test_a_chunk_too_large_for_whole_scores_takes_two_flash_calls(monkeypatch):
-    """Past the size limit on held scores, paged attention switches to the unmasked
-    pair of flash calls and gives the same result."""
+def test_a_chunk_takes_each_cpu_path_by_its_size(monkeypatch):
+    """Scores held whole (bf16 without AMX), else one masked flash call, and past the
+    mask size limit the unmasked pair of flash calls: each is taken where it should
+    be and all give the same result."""
     import kernels.attention as attention
 
     torch.manual_seed(3)
@@ -149,13 +150,25 @@ def test_a_chunk_too_large_for_whole_scores_takes_two_flash_calls(monkeypatch):
     meta = AttentionMetadata(torch.zeros(n, dtype=torch.long), table[None], [0, n], [length])
     q = torch.randn(n, heads, dim)
     calls = []
-    real = attention._attend_prefix_then_self
-    monkeypatch.setattr(
-        attention, "_attend_prefix_then_self", lambda *a: calls.append(1) or real(*a)
-    )
-    one = paged_attention(q, k_cache, v_cache, meta, dim**-0.5)
-    assert not calls
+    for name in ("_attend_held_whole", "_attend_over_prefix", "_attend_prefix_then_self"):
+        real = getattr(attention, name)
+        monkeypatch.setattr(
+            attention, name, lambda *a, name=name, real=real: calls.append(name) or real(*a)
+        )
+    monkeypatch.setattr(attention, "_HELD_WHOLE_DTYPES", {torch.float32})
+    held = paged_attention(q, k_cache, v_cache, meta, dim**-0.5)
     monkeypatch.setattr(attention, "_MAX_SCORES", heads * n * length - 1)
+    masked = paged_attention(q, k_cache, v_cache, meta, dim**-0.5)
+    monkeypatch.setattr(attention, "_MAX_PREFIX_MASK", n * length)
     two = paged_attention(q, k_cache, v_cache, meta, dim**-0.5)
-    assert calls
-    assert (one - two).abs().max().item() < 1e-5
+    assert calls == ["_attend_held_whole", "_attend_over_prefix", "_attend_prefix_then_self"]
+    assert (held - masked).abs().max().item() < 1e-5
+    assert (held - two).abs().max().item() < 1e-5
+
+
+def test_bf16_scores_are_held_whole_unless_the_cpu_has_amx():
+    import kernels.attention as attention
+    from kernels.cpu_features import has_amx
+
+    assert (torch.bfloat16 in attention._HELD_WHOLE_DTYPES) is not has_amx()
+    assert torch.float32 not in attention._HELD_WHOLE_DTYPES
