@@ -134,9 +134,7 @@ def store_kvcache(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
-def gather_kv(
-    cache: torch.Tensor, block_table: torch.Tensor, length: int
-) -> torch.Tensor:
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` tokens of one sequence's K or V: [length, kv_heads, head_dim]."""
     block_size = cache.shape[1]
     num_blocks = (length + block_size - 1) // block_size
@@ -181,7 +179,9 @@ def paged_attention(
                 q.transpose(0, 1).unsqueeze(0).to(k.dtype),
                 k.transpose(0, 1).unsqueeze(0),
                 v.transpose(0, 1).unsqueeze(0),
-                is_causal=True, scale=scale, enable_gqa=True,
+                is_causal=True,
+                scale=scale,
+                enable_gqa=True,
             )[0].transpose(0, 1)
         elif group * n * length <= _MAX_PREFIX_MASK or not query.is_cpu:
             o = _attend_over_prefix(q, k, v, meta.prefix_mask(i, group, k.dtype), scale)

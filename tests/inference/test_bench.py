@@ -61,7 +61,10 @@ def test_bench_reports_every_figure(tiny_model, tmp_path, monkeypatch, one_threa
     for key in ("prefill_ours_over_transformers", "decode_2_ours_over_transformers"):
         per_round = sorted(run["ratios"][key] for run in result["rounds"])
         assert result["ratios"][key] == per_round[1]
-    middle = [run for run in result["rounds"]
-              if run["ratios"]["decode_1_ours_over_transformers"]
-              == result["ratios"]["decode_1_ours_over_transformers"]]
+    middle = [
+        run
+        for run in result["rounds"]
+        if run["ratios"]["decode_1_ours_over_transformers"]
+        == result["ratios"]["decode_1_ours_over_transformers"]
+    ]
     assert result["ours"]["decode"]["1"] == middle[0]["ours"]["decode"]["1"]

@@ -74,15 +74,16 @@ def test_paged_attention_matches_dense(
     width = max(map(len, tables))
     bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
     meta = AttentionMetadata(torch.tensor(slots), bt, qsl, seq_lens)
-    new_k = torch.cat([k[L - n:] for k, (L, n) in zip(dense_k, shapes, strict=True)])
-    new_v = torch.cat([v[L - n:] for v, (L, n) in zip(dense_v, shapes, strict=True)])
+    new_k = torch.cat([k[L - n :] for k, (L, n) in zip(dense_k, shapes, strict=True)])
+    new_v = torch.cat([v[L - n :] for v, (L, n) in zip(dense_v, shapes, strict=True)])
     store_kvcache(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
     q = torch.cat(queries)
     out = paged_attention(q, k_cache, v_cache, meta, head_dim**-0.5)
     for i, (L, n) in enumerate(shapes):
-        ref = dense_attention(queries[i].float(), dense_k[i].float(), dense_v[i].float(),
-                              head_dim**-0.5)
-        got = out[qsl[i]:qsl[i + 1]].float()
+        ref = dense_attention(
+            queries[i].float(), dense_k[i].float(), dense_v[i].float(), head_dim**-0.5
+        )
+        got = out[qsl[i] : qsl[i + 1]].float()
         assert (got - ref).abs().max().item() < tol, (L, n)
 
 
