@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+from functools import cache
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +21,7 @@ M_TOP_PAD = -2  # glibc's mallopt parameter number
 TOP_PAD_BYTES = 64 << 20
 
 
+@cache  # a process-wide setting: once is enough, however many engines start
 def keep_heap_pages(top_pad: int = TOP_PAD_BYTES) -> bool:
     """Set glibc's M_TOP_PAD for this process; False where the C library isn't glibc."""
     name = ctypes.util.find_library("c")

@@ -97,21 +97,27 @@ class AttentionMetadata:
             padding=padding,
         )
 
+    def chunk_mask(self, n: int, group: int, dtype: torch.dtype) -> torch.Tensor:
+        """Additive causal mask [group * n, n] of a chunk's n queries over its own n
+        keys, rows ordered (head of a KV group, query) as _fold_groups folds them:
+        0 where a key is visible, -inf past the query. Built once per step and
+        shared by every layer (and by every chunk of n tokens)."""
+        key = ("chunk", n, group, dtype)
+        if key not in self._derived:
+            device = self.block_tables.device
+            future = torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
+            mask = torch.zeros(n, n, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+            self._derived[key] = mask.repeat(group, 1)
+        return self._derived[key]
+
     def prefix_mask(self, i: int, group: int, dtype: torch.dtype) -> torch.Tensor:
-        """Additive mask [1, 1, group * n, L] for sequence i's n queries over its L
-        keys, rows ordered (head of a KV group, query) as _attend_over_prefix folds
-        them: 0 where a key is visible, -inf past the query. Built once per step
-        and shared by every layer."""
+        """Sequence i's chunk mask widened over its cached keys, which every query
+        sees: [1, 1, group * n, L], for attention calls that take a whole mask."""
         key = ("prefix", i, group, dtype)
         if key not in self._derived:
             n, length = self.query_lens[i], self.seq_lens[i]
-            device = self.block_tables.device
-            q_pos = torch.arange(length - n, length, device=device)
-            future = torch.arange(length, device=device)[None, :] > q_pos[:, None]
-            mask = torch.zeros(n, length, dtype=dtype, device=device).masked_fill_(
-                future, float("-inf")
-            )
-            self._derived[key] = mask.repeat(group, 1)[None, None]
+            own = self.chunk_mask(n, group, dtype)
+            self._derived[key] = F.pad(own, (length - n, 0))[None, None]
         return self._derived[key]
 
 
@@ -173,7 +179,7 @@ def paged_attention(
             query.is_cpu and k.dtype in _HELD_WHOLE_DTYPES and num_heads * n * length <= _MAX_SCORES
         )
         if held_whole:
-            o = _attend_held_whole(q, k, v, meta.prefix_mask(i, group, k.dtype), scale)
+            o = _attend_held_whole(q, k, v, meta.chunk_mask(n, group, k.dtype), scale)
         elif n == length:  # a whole prompt: plain causal attention
             o = F.scaled_dot_product_attention(
                 q.transpose(0, 1).unsqueeze(0).to(k.dtype),
@@ -195,6 +201,10 @@ def paged_attention(
     return out
 
 
+# Torch's CPU flash kernel; it also returns the log-sum-exp of every row.
+_CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
 def _flash(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
@@ -202,9 +212,7 @@ def _flash(
     called directly (SDPA's dispatcher sends a masked bf16 call to its slow math
     path), SDPA elsewhere."""
     if q.is_cpu:
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, attn_mask=mask, scale=scale
-        )[0]
+        return _CPU_FLASH(q, k, v, attn_mask=mask, scale=scale)[0]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
@@ -216,7 +224,12 @@ def _flash(
 # With AMX the flash kernel runs on AMX tiles and was the faster (0.54 ms for a
 # 68-token turn over 1,368); in fp32 the two are even. Past the limit the flash
 # kernel is faster (256 over 8,192: 41 ms against 80 ms).
-_HELD_WHOLE_DTYPES = frozenset() if has_amx() else frozenset({torch.bfloat16})
+def held_whole_dtypes(amx: bool) -> frozenset[torch.dtype]:
+    """The cache dtypes whose CPU attention holds its scores whole."""
+    return frozenset() if amx else frozenset({torch.bfloat16})
+
+
+_HELD_WHOLE_DTYPES = held_whole_dtypes(has_amx())
 _MAX_SCORES = 1 << 24
 # Otherwise a chunk over a cached prefix takes one flash call with an additive mask
 # of group * n * L elements (a few MB at most), and past that two unmasked calls.
@@ -232,26 +245,37 @@ def _fold_groups(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query.view(n, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, -1, dim)
 
 
+def _unfold_groups(o: torch.Tensor, n: int) -> torch.Tensor:
+    """Attention output [kv_heads, group * n, D] in _fold_groups' row order back to
+    [n, H, D]."""
+    kv_heads, rows, dim = o.shape
+    group = rows // n
+    return o.view(kv_heads, group, n, dim).permute(2, 0, 1, 3).reshape(n, kv_heads * group, dim)
+
+
 def _attend_held_whole(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    chunk_mask: torch.Tensor,
+    scale: float,
 ) -> torch.Tensor:
     """Causal attention of n queries [n, H, D], the last n of L positions, over keys
     and values [L, kv_heads, D], with all n x L scores held at once (the CPU path):
     one batched matmul, the heads sharing a KV head folded into that head's query
     rows (K/V never repeated); the scores are rounded to the model's dtype before an
     fp32 softmax, as transformers' eager attention does. Only the chunk's own keys
-    need the causal mask (AttentionMetadata.prefix_mask): the cached ones are all
+    take the causal mask (AttentionMetadata.chunk_mask): the cached ones are all
     visible."""
-    n, heads, dim = query.shape
+    n = query.shape[0]
     length, kv_heads = key.shape[0], key.shape[1]
-    group = heads // kv_heads
     # Pre-scaling the queries is exact for a power-of-two scale (head_dim 64).
     q = _fold_groups((query * scale).to(key.dtype), kv_heads)[0]  # [kv, group * n, D]
     # Head-major copies of K and V: the batched matmuls would make them anyway.
     scores = torch.bmm(q, key.transpose(0, 1).contiguous().transpose(1, 2))
-    scores[:, :, length - n :].add_(mask[0, 0, :, length - n :])
+    scores[:, :, length - n :].add_(chunk_mask)
     o = torch.bmm(torch.softmax(scores, dim=-1), value.transpose(0, 1).contiguous())
-    return o.view(kv_heads, group, n, dim).permute(2, 0, 1, 3).reshape(n, heads, dim)
+    return _unfold_groups(o, n)
 
 
 def _attend_over_prefix(
@@ -259,9 +283,7 @@ def _attend_over_prefix(
 ) -> torch.Tensor:
     """The same attention in one flash call with the whole mask (SDPA away from the
     CPU): the heads of a KV group are folded into its query rows, as above."""
-    n, heads, dim = query.shape
     kv_heads = key.shape[1]
-    group = heads // kv_heads
     o = _flash(
         _fold_groups(query.to(key.dtype), kv_heads),
         key.transpose(0, 1).unsqueeze(0),
@@ -269,7 +291,7 @@ def _attend_over_prefix(
         mask,
         scale,
     )
-    return o.view(kv_heads, group, n, dim).permute(2, 0, 1, 3).reshape(n, heads, dim)
+    return _unfold_groups(o[0], query.shape[0])
 
 
 def _attend_prefix_then_self(
@@ -283,15 +305,14 @@ def _attend_prefix_then_self(
     n, heads, dim = query.shape
     length, kv_heads = key.shape[0], key.shape[1]
     group, prefix = heads // kv_heads, length - n
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     k = key.transpose(0, 1).unsqueeze(0)  # [1, kv, L, D], a view
     v = value.transpose(0, 1).unsqueeze(0)
     q = query.to(key.dtype)
     folded = _fold_groups(q, kv_heads)
-    o_pre, lse_pre = flash(folded, k[:, :, :prefix], v[:, :, :prefix], scale=scale)[:2]
+    o_pre, lse_pre = _CPU_FLASH(folded, k[:, :, :prefix], v[:, :, :prefix], scale=scale)[:2]
     own_k = k[:, :, prefix:].repeat_interleave(group, dim=1)
     own_v = v[:, :, prefix:].repeat_interleave(group, dim=1)
-    o_own, lse_own = flash(
+    o_own, lse_own = _CPU_FLASH(
         q.transpose(0, 1).unsqueeze(0), own_k, own_v, is_causal=True, scale=scale
     )[:2]
     # Folded rows are (kv head, group member, query): heads in order, as in o_own.

@@ -102,9 +102,8 @@ def test_store_kvcache_skips_negative_slots():
     assert AttentionMetadata(torch.tensor([5, 0]), torch.zeros(1, 1), [0, 2], [2]).all_slots_valid
 
 
-def _prefix_mask(n, length, group, dtype):
-    meta = AttentionMetadata(torch.zeros(n), torch.zeros(1, 1), [0, n], [length])
-    return meta.prefix_mask(0, group, dtype)
+def _meta(n, length):
+    return AttentionMetadata(torch.zeros(n), torch.zeros(1, 1), [0, n], [length])
 
 
 @pytest.mark.parametrize("way", ["held-whole", "one-masked-call", "prefix-then-self"])
@@ -124,11 +123,12 @@ def test_chunk_over_a_cached_prefix_is_causal_attention(
     k = torch.randn(length, num_kv_heads, dim)
     v = torch.randn(length, num_kv_heads, dim)
     qd, kd, vd = q.to(dtype), k.to(dtype), v.to(dtype)
+    group = num_heads // num_kv_heads
     if way == "held-whole":
-        mask = _prefix_mask(n, length, num_heads // num_kv_heads, dtype)
+        mask = _meta(n, length).chunk_mask(n, group, dtype)
         got = _attend_held_whole(qd, kd, vd, mask, dim**-0.5)
     elif way == "one-masked-call":  # flash on CPU, SDPA elsewhere
-        mask = _prefix_mask(n, length, num_heads // num_kv_heads, dtype)
+        mask = _meta(n, length).prefix_mask(0, group, dtype)
         got = _attend_over_prefix(qd, kd, vd, mask, dim**-0.5)
     else:
         got = _attend_prefix_then_self(qd, kd, vd, dim**-0.5)
@@ -171,5 +171,6 @@ def test_bf16_scores_are_held_whole_unless_the_cpu_has_amx():
     import kernels.attention as attention
     from kernels.cpu_features import has_amx
 
-    assert (torch.bfloat16 in attention._HELD_WHOLE_DTYPES) is not has_amx()
-    assert torch.float32 not in attention._HELD_WHOLE_DTYPES
+    assert attention.held_whole_dtypes(amx=False) == {torch.bfloat16}
+    assert attention.held_whole_dtypes(amx=True) == set()
+    assert attention.held_whole_dtypes(has_amx()) == attention._HELD_WHOLE_DTYPES
