@@ -16,6 +16,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_softmax
 from kernels.cpu_features import has_amx
 
 
@@ -266,15 +267,20 @@ def _attend_held_whole(
     rows (K/V never repeated); the scores are rounded to the model's dtype before an
     fp32 softmax, as transformers' eager attention does. Only the chunk's own keys
     take the causal mask (AttentionMetadata.chunk_mask): the cached ones are all
-    visible."""
+    visible. In bf16 the softmax is kernels/cpu_softmax's where it runs (it masks
+    by row index and ignores chunk_mask)."""
     n = query.shape[0]
     length, kv_heads = key.shape[0], key.shape[1]
     # Pre-scaling the queries is exact for a power-of-two scale (head_dim 64).
     q = _fold_groups((query * scale).to(key.dtype), kv_heads)[0]  # [kv, group * n, D]
     # Head-major copies of K and V: the batched matmuls would make them anyway.
     scores = torch.bmm(q, key.transpose(0, 1).contiguous().transpose(1, 2))
-    scores[:, :, length - n :].add_(chunk_mask)
-    o = torch.bmm(torch.softmax(scores, dim=-1), value.transpose(0, 1).contiguous())
+    if scores.dtype == torch.bfloat16 and cpu_softmax.available():
+        probs = cpu_softmax.causal_softmax_(scores, n)  # the mask from the row index
+    else:
+        scores[:, :, length - n :].add_(chunk_mask)
+        probs = torch.softmax(scores, dim=-1)
+    o = torch.bmm(probs, value.transpose(0, 1).contiguous())
     return _unfold_groups(o, n)
 
 
