@@ -16,7 +16,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_softmax
+from kernels import cpu_kernels
 from kernels.cpu_features import has_amx
 
 
@@ -27,6 +27,7 @@ class DecodeBatch:
     rows: list[int]  # which sequences
     token_idx: torch.Tensor  # [B] their query tokens in the flat batch
     tables: torch.Tensor  # [B, max_blocks] their block tables, cut to the longest context
+    lens: torch.Tensor  # [B] int64 their context lengths
     max_len: int
     all_rows: bool  # every query token of the step is a decode, in order
     padding: torch.Tensor | None  # [B, 1, 1, max_len] True past a context; None if none is
@@ -93,6 +94,7 @@ class AttentionMetadata:
             rows=rows,
             token_idx=torch.tensor([self.query_start_loc[i] for i in rows], device=device),
             tables=self.block_tables.index_select(0, idx)[:, :max_blocks],
+            lens=torch.tensor(lens, dtype=torch.int64, device=device),
             max_len=max_len,
             all_rows=len(rows) == len(self.seq_lens),
             padding=padding,
@@ -267,7 +269,7 @@ def _attend_held_whole(
     rows (K/V never repeated); the scores are rounded to the model's dtype before an
     fp32 softmax, as transformers' eager attention does. Only the chunk's own keys
     take the causal mask (AttentionMetadata.chunk_mask): the cached ones are all
-    visible. In bf16 the softmax is kernels/cpu_softmax's where it runs (it masks
+    visible. In bf16 the softmax is kernels/cpu_kernels's where it runs (it masks
     by row index and ignores chunk_mask)."""
     n = query.shape[0]
     length, kv_heads = key.shape[0], key.shape[1]
@@ -275,8 +277,8 @@ def _attend_held_whole(
     q = _fold_groups((query * scale).to(key.dtype), kv_heads)[0]  # [kv, group * n, D]
     # Head-major copies of K and V: the batched matmuls would make them anyway.
     scores = torch.bmm(q, key.transpose(0, 1).contiguous().transpose(1, 2))
-    if scores.dtype == torch.bfloat16 and cpu_softmax.available():
-        probs = cpu_softmax.causal_softmax_(scores, n)  # the mask from the row index
+    if scores.dtype == torch.bfloat16 and cpu_kernels.available():
+        probs = cpu_kernels.causal_softmax_(scores, n)  # the mask from the row index
     else:
         scores[:, :, length - n :].add_(chunk_mask)
         probs = torch.softmax(scores, dim=-1)
@@ -335,8 +337,12 @@ def _decode_attention(
     d: DecodeBatch,
     scale: float,
 ) -> torch.Tensor:
-    """Attention of the decode rows' queries [B, H, D], one per sequence of d, in one
-    flash-attention call padded to the longest context with an additive mask.
+    """Attention of the decode rows' queries [B, H, D], one per sequence of d.
+
+    In bf16 on a CPU where kernels/cpu_kernels runs, its C kernel reads K/V in place
+    through the block tables: at 32 sequences of ~30 tokens, 45 us per layer
+    against 340 us for gathering the blocks and one padded flash call. Otherwise,
+    one flash-attention call padded to the longest context with an additive mask.
 
     The heads sharing a KV head are that head's query rows, so K/V are never
     repeated for grouped-query attention, and K/V are read through strided views
@@ -344,6 +350,9 @@ def _decode_attention(
     matmuls around a softmax at 32 sequences of 56 tokens (1.5x at 1,000), and
     5-18x faster than SDPA's masked bf16 path, which takes the math fallback.
     """
+    if query.is_cpu and cpu_kernels.runs_decode(k_cache):
+        q = query.to(k_cache.dtype).contiguous()
+        return cpu_kernels.paged_decode_attention(q, k_cache, v_cache, d.tables, d.lens, scale)
     b = d.tables.shape[0]
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     group = query.shape[1] // kv_heads

@@ -10,35 +10,10 @@
    gives the same rounded values to within one bf16 step, at about twice the
    speed; the causal mask comes from the row index instead of a mask tensor. */
 
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 
-static inline __mmask16 tail_mask(int64_t left) {
-    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-}
-
-static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
-    __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* e^x for x <= 0: e^x = 2^k e^r with |r| <= ln2 / 2, e^r by its Taylor polynomial. */
-static inline __m512 exp_nonpositive(__m512 x) {
-    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-    const __m512 ln2 = _mm512_set1_ps(0.693147180559945f);
-    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, ln2, x);
-    __m512 p = _mm512_set1_ps(1.0f / 120.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, k); /* p * 2^k; 0 far below fp32's range */
-}
+#include "vec.h"
 
 /* One row: max, then exp and sum into the fp32 buffer, then scale and round. */
 static void softmax_row(uint16_t *row, int64_t visible, int64_t length, float *buf) {

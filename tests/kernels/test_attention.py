@@ -39,17 +39,20 @@ DECODES = [(7, 1), (17, 1), (33, 1), (5, 1), (33, 1)]
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (6, 2)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("scores", ["held-whole", "flash"])
+@pytest.mark.parametrize("head_dim", [8, 64])
 def test_paged_attention_matches_dense(
-    shapes, num_heads, num_kv_heads, dtype, tol, scores, monkeypatch
+    shapes, num_heads, num_kv_heads, dtype, tol, scores, head_dim, monkeypatch
 ):
     """Either way a prompt or chunk attends on CPU (its scores held whole, or torch's
-    flash kernel with AMX, in fp32 or past the size limit) gives causal attention."""
+    flash kernel with AMX, in fp32 or past the size limit) gives causal attention;
+    so do decodes, in bf16 with head_dim 64 through the compiled CPU kernel where it
+    runs (kernels/cpu_kernels)."""
     import kernels.attention as attention
 
     held = {torch.float32, torch.bfloat16} if scores == "held-whole" else set()
     monkeypatch.setattr(attention, "_HELD_WHOLE_DTYPES", held)
     torch.manual_seed(0)
-    bs, head_dim, num_blocks = 4, 8, 256
+    bs, num_blocks = 4, 256
     k_cache = torch.zeros(num_blocks, bs, num_kv_heads, head_dim, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     perm = torch.randperm(num_blocks).tolist()  # out-of-order blocks

@@ -1,0 +1,204 @@
+"""The C kernels of CPU attention (csrc/), compiled for this machine on first use:
+the causal softmax of scores held whole, and decode attention read in place
+through block tables.
+
+On a CPU with AVX512-BF16 the sources are built once with the system's C compiler
+into a per-user cache and loaded with ctypes: a second or so, once. Where there is
+no such CPU or no compiler, `available()` is False and callers keep their torch
+ops; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from kernels.cpu_features import cpu_flags
+
+log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = (CSRC / "causal_softmax.c", CSRC / "paged_decode.c")
+HEADERS = (CSRC / "vec.h",)
+# Named instruction sets instead of -march=native: the library also runs on another
+# machine with these flags (a cache dir shared over NFS, an image built elsewhere).
+CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp")
+NEEDED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
+
+
+def cache_dir() -> Path:
+    """$PREFIXCHAT_KERNEL_CACHE, else the XDG cache."""
+    if env := os.environ.get("PREFIXCHAT_KERNEL_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "prefixchat" / "kernels"
+
+
+def compiler() -> list[str] | None:
+    if env := os.environ.get("CC"):
+        return shlex.split(env)
+    found = shutil.which("cc") or shutil.which("gcc")
+    return [found] if found else None
+
+
+def build(cc: list[str], dest_dir: Path) -> Path:
+    """Compile the sources once per (sources, compiler, flags); return the library."""
+    text = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
+    key = hashlib.sha256(text + repr((cc, CFLAGS)).encode()).hexdigest()[:16]
+    lib = dest_dir / f"cpu_kernels-{key}.so"
+    if not lib.exists():
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        # Built beside its final name and renamed: processes starting together
+        # never load a half-written file.
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=dest_dir)
+        os.close(fd)
+        try:
+            subprocess.run(
+                [*cc, *CFLAGS, "-shared", "-fPIC", "-o", tmp, *map(str, SOURCES)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            os.replace(tmp, lib)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        log.info("compiled %s", lib)
+    return lib
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    if not cpu_flags() >= NEEDED_FLAGS:
+        return None
+    cc = compiler()
+    if cc is None:
+        log.warning("no C compiler found: CPU attention keeps its torch ops")
+        return None
+    try:
+        lib = ctypes.CDLL(str(build(cc, cache_dir())))
+    except subprocess.CalledProcessError as e:
+        log.warning("compiling the CPU kernels failed, keeping torch ops:\n%s", e.stderr)
+        return None
+    except OSError as e:
+        log.warning("the CPU kernels are unavailable (%s); keeping torch ops", e)
+        return None
+    fn = lib.causal_softmax_bf16
+    fn.argtypes = (ctypes.c_void_p,) + (ctypes.c_int64,) * 4 + (ctypes.c_int,)
+    fn.restype = ctypes.c_int
+    fn = lib.paged_decode_attention_bf16
+    fn.argtypes = (
+        (ctypes.c_void_p,) * 4
+        + (ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+        + (ctypes.c_int64,) * 5
+        + (ctypes.c_float, ctypes.c_int)
+    )
+    fn.restype = ctypes.c_int
+    return lib
+
+
+def available() -> bool:
+    """True where the compiled kernels run here (AVX512-BF16 and a C compiler)."""
+    return _library() is not None
+
+
+def runs_decode(k_cache: torch.Tensor) -> bool:
+    """True where paged_decode_attention takes this cache: bf16 on the CPU, head_dim
+    a multiple of 16 up to 256, and the kernels available."""
+    head_dim = k_cache.shape[-1]
+    return (
+        k_cache.is_cpu
+        and k_cache.dtype == torch.bfloat16
+        and head_dim % 16 == 0
+        and head_dim <= 256
+        and k_cache.is_contiguous()
+        and available()
+    )
+
+
+def _loaded() -> ctypes.CDLL:
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the compiled CPU kernels are not available on this machine")
+    return lib
+
+
+def causal_softmax_(scores: torch.Tensor, n: int) -> torch.Tensor:
+    """Softmax in place over the last dim of bf16 CPU scores [..., rows, L] of n
+    queries, the last n of L positions: row r is query r % n and sees keys
+    0 .. L - n + r % n; later keys get 0. Within one bf16 step of torch's softmax
+    over the same scores with -inf past each query."""
+    lib = _loaded()
+    if scores.dtype != torch.bfloat16 or not scores.is_cpu or not scores.is_contiguous():
+        raise ValueError("expected contiguous bf16 CPU scores")
+    length = scores.shape[-1]
+    if not 0 < n <= length:
+        raise ValueError(f"{n} queries cannot be the last of {length} positions")
+    rows = scores.numel() // length
+    if rows % n:
+        raise ValueError(f"{rows} score rows are not whole groups of {n} queries")
+    if lib.causal_softmax_bf16(scores.data_ptr(), rows, n, length, length, torch.get_num_threads()):
+        raise MemoryError("no memory for the softmax's row buffers")
+    return scores
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one query token per sequence, query [B, H, D], over its first
+    lens[b] cached tokens, read through tables [B, >= ceil(lens / block_size)] from
+    the bf16 caches [blocks, block_size, kv_heads, D]: bf16 [B, H, D]."""
+    lib = _loaded()
+    batch, heads, head_dim = query.shape
+    _, block_size, kv_heads, cache_dim = k_cache.shape
+    if not (
+        query.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16
+        and query.is_contiguous()
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and v_cache.shape == k_cache.shape
+    ):
+        raise ValueError("expected contiguous bf16 query and caches of one shape")
+    if cache_dim != head_dim or heads % kv_heads:
+        raise ValueError(f"{heads} heads of {head_dim} over a cache of {kv_heads} x {cache_dim}")
+    if tables.dtype != torch.int64 or lens.dtype != torch.int64 or tables.stride(-1) != 1:
+        raise ValueError("expected int64 tables (rows contiguous) and lens")
+    if tables.shape[0] != batch or lens.shape != (batch,) or not lens.is_contiguous():
+        raise ValueError("expected one table row and one length per query")
+    out = torch.empty_like(query)
+    rc = lib.paged_decode_attention_bf16(
+        query.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        tables.data_ptr(),
+        tables.stride(0),
+        lens.data_ptr(),
+        out.data_ptr(),
+        batch,
+        heads,
+        kv_heads,
+        head_dim,
+        block_size,
+        scale,
+        torch.get_num_threads(),
+    )
+    if rc == 2:
+        raise ValueError(f"head_dim {head_dim} is not a multiple of 16 up to 256")
+    if rc:
+        raise MemoryError("no memory for the decode attention's score buffers")
+    return out

@@ -1,0 +1,245 @@
+"""The compiled CPU kernels (kernels/cpu_kernels) against torch: the causal softmax
+and paged decode attention; their build cache, and the fallback where they can't run."""
+
+import logging
+import subprocess
+
+import pytest
+import torch
+
+import kernels.attention as attention
+from kernels import cpu_kernels
+from kernels.attention import AttentionMetadata, paged_attention
+from tests.kernels.test_attention import dense_attention
+
+needs_kernel = pytest.mark.skipif(
+    not cpu_kernels.available(), reason="needs AVX512-BF16 and a C compiler"
+)
+
+
+def torch_causal_softmax(scores: torch.Tensor, n: int) -> torch.Tensor:
+    length = scores.shape[-1]
+    q = torch.arange(scores.shape[-2]) % n
+    future = torch.arange(length)[None, :] > (length - n + q)[:, None]
+    return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "heads,group,n,length",
+    [(3, 3, 82, 1490), (1, 1, 1, 1), (2, 1, 1, 40), (1, 4, 17, 17), (3, 2, 5, 33), (1, 1, 7, 3000)],
+)
+def test_matches_torch_within_one_bf16_step(heads, group, n, length, threads):
+    torch.manual_seed(length + n)
+    scores = (torch.randn(heads, group * n, length) * 6).bfloat16()
+    ref = torch_causal_softmax(scores, n)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_kernels.causal_softmax_(scores.clone(), n)
+    finally:
+        torch.set_num_threads(before)
+    # One bf16 step apart at most: compare the bit patterns of these non-negative values.
+    steps = (got.view(torch.int16).int() - ref.view(torch.int16).int()).abs()
+    assert steps.max().item() <= 1
+    assert (got.float().sum(-1) - 1).abs().max().item() < 0.02
+
+
+@needs_kernel
+def test_keys_past_each_query_get_exactly_zero_and_the_scores_change_in_place():
+    n, length = 4, 10
+    scores = torch.zeros(2 * n, length, dtype=torch.bfloat16)
+    out = cpu_kernels.causal_softmax_(scores, n)
+    assert out.data_ptr() == scores.data_ptr()
+    for r in range(2 * n):
+        visible = length - n + r % n + 1
+        assert torch.all(out[r, visible:] == 0)
+        assert torch.allclose(
+            out[r, :visible].float(), torch.full((visible,), 1 / visible), rtol=1e-2
+        )
+
+
+@needs_kernel
+def test_rejects_what_it_cannot_read():
+    with pytest.raises(ValueError, match="bf16"):
+        cpu_kernels.causal_softmax_(torch.zeros(4, 8), 2)
+    with pytest.raises(ValueError, match="bf16"):
+        cpu_kernels.causal_softmax_(torch.zeros(8, 4, dtype=torch.bfloat16).t(), 2)
+    with pytest.raises(ValueError, match="groups"):
+        cpu_kernels.causal_softmax_(torch.zeros(5, 8, dtype=torch.bfloat16), 2)
+    with pytest.raises(ValueError, match="last"):
+        cpu_kernels.causal_softmax_(torch.zeros(5, 4, dtype=torch.bfloat16), 5)
+
+
+@needs_kernel
+def test_bf16_held_whole_attention_uses_the_compiled_softmax(monkeypatch):
+    monkeypatch.setattr(attention, "_HELD_WHOLE_DTYPES", {torch.bfloat16})
+    calls = []
+    real = cpu_kernels.causal_softmax_
+    monkeypatch.setattr(
+        cpu_kernels, "causal_softmax_", lambda s, n: calls.append((tuple(s.shape), n)) or real(s, n)
+    )
+    torch.manual_seed(0)
+    n, length, heads, kv_heads, dim, bs = 5, 37, 6, 2, 16, 4
+    k_cache = torch.randn(16, bs, kv_heads, dim).bfloat16()
+    v_cache = torch.randn_like(k_cache)
+    table = torch.randperm(16)[: -(-length // bs)]
+    meta = AttentionMetadata(torch.zeros(n, dtype=torch.long), table[None], [0, n], [length])
+    q = torch.randn(n, heads, dim).bfloat16()
+    paged_attention(q, k_cache, v_cache, meta, dim**-0.5)
+    assert calls == [((kv_heads, heads // kv_heads * n, length), n)]
+
+
+def paged_decode_case(lens, heads, kv_heads, head_dim, block_size=16, seed=0):
+    """Caches with each sequence's blocks scattered in random order, and the dense
+    K/V each sequence's table points at."""
+    g = torch.Generator().manual_seed(seed)
+    per_seq = [-(-n // block_size) for n in lens]
+    num_blocks = sum(per_seq) + 3
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).bfloat16()
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).bfloat16()
+    order = torch.randperm(num_blocks, generator=g)
+    tables = torch.zeros(len(lens), max(per_seq) + 2, dtype=torch.int64)  # padded with 0
+    dense, used = [], 0
+    for b, (n, nb) in enumerate(zip(lens, per_seq, strict=True)):
+        tables[b, :nb] = order[used : used + nb]
+        used += nb
+        k = k_cache[tables[b, :nb]].flatten(0, 1)[:n]
+        v = v_cache[tables[b, :nb]].flatten(0, 1)[:n]
+        dense.append((k, v))
+    query = torch.randn(len(lens), heads, head_dim, generator=g).bfloat16()
+    return query, k_cache, v_cache, tables, torch.tensor(lens), dense
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "lens,heads,kv_heads,head_dim",
+    [
+        ([30, 1, 17, 64, 33], 9, 3, 64),  # SmolLM2's shape: GQA 3, ragged contexts
+        ([5, 200], 4, 4, 64),  # GQA 1
+        ([1000], 6, 2, 128),
+        ([3, 40], 2, 1, 16),
+        ([19], 8, 2, 96),  # a head_dim with no specialised loop
+    ],
+)
+def test_paged_decode_attention_matches_dense(lens, heads, kv_heads, head_dim, threads):
+    query, k_cache, v_cache, tables, lens_t, dense = paged_decode_case(
+        lens, heads, kv_heads, head_dim
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_kernels.paged_decode_attention(
+            query, k_cache, v_cache, tables, lens_t, head_dim**-0.5
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert got.shape == query.shape and got.dtype == torch.bfloat16
+    for b, (k, v) in enumerate(dense):
+        ref = dense_attention(query[b : b + 1].float(), k.float(), v.float(), head_dim**-0.5)
+        # fp32 throughout, one rounding to bf16 at the end.
+        assert (got[b].float() - ref[0]).abs().max().item() < 1e-2, b
+
+
+@needs_kernel
+def test_paged_decode_attention_reads_only_its_own_blocks():
+    """Blocks past a sequence's length (other sequences', or garbage) change nothing."""
+    query, k_cache, v_cache, tables, lens, _ = paged_decode_case([20, 7], 9, 3, 64)
+    first = cpu_kernels.paged_decode_attention(query, k_cache, v_cache, tables, lens, 0.125)
+    k2, v2 = k_cache.clone(), v_cache.clone()
+    used = {int(blk) for b, n in enumerate(lens.tolist()) for blk in tables[b, : -(-n // 16)]}
+    for blk in set(range(k_cache.shape[0])) - used:
+        k2[blk], v2[blk] = 1e4, -1e4
+    # Slots past the length inside a sequence's last block.
+    k2[tables[0, 1], 20 - 16 :], v2[tables[0, 1], 20 - 16 :] = 1e4, 1e4
+    second = cpu_kernels.paged_decode_attention(query, k2, v2, tables, lens, 0.125)
+    assert torch.equal(first, second)
+
+
+@needs_kernel
+def test_paged_decode_attention_rejects_what_it_cannot_read():
+    query, k_cache, v_cache, tables, lens, _ = paged_decode_case([4], 2, 1, 16)
+    with pytest.raises(ValueError, match="bf16"):
+        cpu_kernels.paged_decode_attention(query.float(), k_cache, v_cache, tables, lens, 1.0)
+    with pytest.raises(ValueError, match="int64"):
+        cpu_kernels.paged_decode_attention(query, k_cache, v_cache, tables.int(), lens, 1.0)
+    with pytest.raises(ValueError, match="one length per query"):
+        cpu_kernels.paged_decode_attention(query, k_cache, v_cache, tables, lens[:0], 1.0)
+    odd = torch.zeros(2, 16, 1, 8, dtype=torch.bfloat16)
+    assert not cpu_kernels.runs_decode(odd)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        cpu_kernels.paged_decode_attention(
+            query[:, :, :8].contiguous(), odd, odd, tables, lens, 1.0
+        )
+
+
+@needs_kernel
+def test_decodes_go_through_the_compiled_kernel(monkeypatch):
+    calls = []
+    real = cpu_kernels.paged_decode_attention
+    monkeypatch.setattr(
+        cpu_kernels, "paged_decode_attention", lambda *a: calls.append(a[4].tolist()) or real(*a)
+    )
+    query, k_cache, v_cache, tables, lens, _ = paged_decode_case([20, 7], 9, 3, 64)
+    slots = torch.tensor([-1, -1])  # nothing new to store
+    meta = AttentionMetadata(slots, tables, [0, 1, 2], [20, 7])
+    paged_attention(query, k_cache, v_cache, meta, 0.125)
+    assert calls == [[20, 7]]
+    assert cpu_kernels.runs_decode(k_cache)
+    assert not cpu_kernels.runs_decode(k_cache.float())
+
+
+@pytest.fixture
+def fresh_library(monkeypatch, tmp_path):
+    """A cold library lookup with its own cache dir, restored afterwards."""
+    monkeypatch.setenv("PREFIXCHAT_KERNEL_CACHE", str(tmp_path))
+    cpu_kernels._library.cache_clear()
+    yield tmp_path
+    cpu_kernels._library.cache_clear()
+
+
+@needs_kernel
+def test_the_library_is_built_once_per_source_and_reused(fresh_library, monkeypatch):
+    first = cpu_kernels.build(cpu_kernels.compiler(), fresh_library)
+    assert first.exists() and list(fresh_library.iterdir()) == [first]
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(subprocess, "run", no_compiler)
+    assert cpu_kernels.build(cpu_kernels.compiler(), fresh_library) == first
+    assert cpu_kernels.available()
+
+
+def test_without_the_cpu_flags_nothing_is_compiled(fresh_library, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("compiled"))
+    assert not cpu_kernels.available()
+    with pytest.raises(RuntimeError, match="not available"):
+        cpu_kernels.causal_softmax_(torch.zeros(2, 2, dtype=torch.bfloat16), 1)
+
+
+def test_a_failed_compile_falls_back_to_torch_with_a_warning(fresh_library, monkeypatch, caplog):
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: cpu_kernels.NEEDED_FLAGS)
+    monkeypatch.setenv("CC", "false")
+    with caplog.at_level(logging.WARNING, logger="kernels.cpu_kernels"):
+        assert not cpu_kernels.available()
+    assert "keeping torch ops" in caplog.text
+    assert list(fresh_library.iterdir()) == []  # no half-built library left behind
+    # Attention still runs, on torch's softmax.
+    monkeypatch.setattr(attention, "_HELD_WHOLE_DTYPES", {torch.bfloat16})
+    q, k = torch.randn(3, 2, 8).bfloat16(), torch.randn(9, 2, 8).bfloat16()
+    mask = AttentionMetadata(torch.zeros(3), torch.zeros(1, 1), [0, 3], [9]).chunk_mask(
+        3, 1, torch.bfloat16
+    )
+    assert attention._attend_held_whole(q, k, k, mask, 8**-0.5).shape == (3, 2, 8)
+
+
+def test_no_compiler_means_no_kernel(fresh_library, monkeypatch, caplog):
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: cpu_kernels.NEEDED_FLAGS)
+    monkeypatch.setattr(cpu_kernels, "compiler", lambda: None)
+    with caplog.at_level(logging.WARNING, logger="kernels.cpu_kernels"):
+        assert not cpu_kernels.available()
+    assert "no C compiler" in caplog.text
