@@ -80,3 +80,23 @@ def test_multiturn_reports_every_system(tiny_model, tmp_path, monkeypatch, one_t
     assert ratios["ttft_turns_2_plus_cache_on_over_off"] > 0
     assert 0 < ratios["cached_share_of_theoretical_max"] <= 1
     assert len(ratios["targets"]) == 4
+
+
+def test_zero_hit_engines_take_steps_in_turn(make_engine, monkeypatch):
+    """Cache on and off serve the same prompts in one loop, stepping A B, B A, ...,
+    and each is timed inside its own calls only."""
+    engines = {"on": make_engine(), "off": make_engine(enable_prefix_caching=False)}
+    order = []
+    for name, engine in engines.items():
+        real = engine.step
+        monkeypatch.setattr(
+            engine, "step", lambda name=name, real=real: order.append(name) or real()
+        )
+    prompts = [[5, 6, 7, 8] * 10, [9, 10, 11] * 9, [5, 6, 7, 8] * 10]
+    runs = bench_multiturn.interleaved_runs(engines, prompts, reply_tokens=4)
+    pairs = [order[i : i + 2] for i in range(0, len(order), 2)]
+    assert pairs[:4] == [["on", "off"], ["off", "on"], ["on", "off"], ["off", "on"]]
+    for run in runs.values():
+        assert run["completed"] == 3 and run["failed"] == 0
+        assert run["busy_s"] > 0 and run["output_throughput"] > 0
+    assert runs["off"]["cached_tokens"] == 0
