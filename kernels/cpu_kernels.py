@@ -68,6 +68,7 @@ def build(cc: list[str], dest_dir: Path) -> Path:
                 check=True,
                 capture_output=True,
                 text=True,
+                timeout=300,
             )
             os.replace(tmp, lib)
         finally:
@@ -90,7 +91,7 @@ def _library() -> ctypes.CDLL | None:
     except subprocess.CalledProcessError as e:
         log.warning("compiling the CPU kernels failed, keeping torch ops:\n%s", e.stderr)
         return None
-    except OSError as e:
+    except (subprocess.SubprocessError, OSError) as e:  # a timeout, an unwritable cache
         log.warning("the CPU kernels are unavailable (%s); keeping torch ops", e)
         return None
     fn = lib.causal_softmax_bf16

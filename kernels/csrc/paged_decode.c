@@ -17,29 +17,33 @@
 
 #define MAX_CHUNKS 16 /* head_dim up to 256, in 16-lane chunks */
 
-static inline __attribute__((always_inline)) const uint16_t *
-slot_row(const uint16_t *cache, const int64_t *table, int64_t t, int64_t block_size,
-         int64_t kv_heads, int64_t kv_head, int64_t head_dim) {
-    int64_t slot = table[t / block_size] * block_size + t % block_size;
-    return cache + (slot * kv_heads + kv_head) * head_dim;
-}
-
 /* chunks = head_dim / 16; a constant at the call sites that matter, so the loops
-   over it unroll and the accumulators stay in registers. */
+   over it unroll and the accumulators stay in registers. q32 holds the group's
+   queries in fp32, scores group x len floats. */
 static inline __attribute__((always_inline)) void
 attend(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
        const int64_t *table, int64_t len, uint16_t *out, int64_t group, int64_t kv_heads,
-       int64_t kv_head, int64_t block_size, float scale, float *scores, const int chunks) {
+       int64_t kv_head, int64_t block_size, float scale, float *q32, float *scores,
+       const int chunks) {
     const int64_t head_dim = (int64_t)chunks * 16;
-    for (int64_t t = 0; t < len; t++) {
-        const uint16_t *k = slot_row(k_cache, table, t, block_size, kv_heads, kv_head, head_dim);
-        __m512 kv[MAX_CHUNKS];
-        for (int c = 0; c < chunks; c++) kv[c] = load_bf16(k + 16 * c, 0xFFFF);
-        for (int64_t g = 0; g < group; g++) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int c = 0; c < chunks; c++)
-                acc = _mm512_fmadd_ps(load_bf16(q + g * head_dim + 16 * c, 0xFFFF), kv[c], acc);
-            scores[g * len + t] = _mm512_reduce_add_ps(acc) * scale;
+    /* Token t of the sequence is at slot `off` of block table[t / block_size]; the
+       loops walk whole blocks to avoid a division per token. */
+    const int64_t token_stride = kv_heads * head_dim;
+    const int64_t block_stride = block_size * token_stride;
+    for (int64_t i = 0; i < group * head_dim; i += 16)
+        _mm512_storeu_ps(q32 + i, load_bf16(q + i, 0xFFFF));
+    for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+        const uint16_t *k = k_cache + table[t0 / block_size] * block_stride + kv_head * head_dim;
+        const int64_t n = len - t0 < block_size ? len - t0 : block_size;
+        for (int64_t off = 0; off < n; off++, k += token_stride) {
+            __m512 kv[MAX_CHUNKS];
+            for (int c = 0; c < chunks; c++) kv[c] = load_bf16(k + 16 * c, 0xFFFF);
+            for (int64_t g = 0; g < group; g++) {
+                __m512 acc = _mm512_setzero_ps();
+                for (int c = 0; c < chunks; c++)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q32 + g * head_dim + 16 * c), kv[c], acc);
+                scores[g * len + t0 + off] = _mm512_reduce_add_ps(acc) * scale;
+            }
         }
     }
     for (int64_t g = 0; g < group; g++) {
@@ -58,18 +62,21 @@ attend(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
             vsum = _mm512_add_ps(vsum, e);
             _mm512_mask_storeu_ps(s + t, m, e);
         }
-        const float inv = 1.0f / _mm512_reduce_add_ps(vsum);
+        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
         __m512 acc[MAX_CHUNKS];
         for (int c = 0; c < chunks; c++) acc[c] = _mm512_setzero_ps();
-        for (int64_t t = 0; t < len; t++) {
-            const uint16_t *v = slot_row(v_cache, table, t, block_size, kv_heads, kv_head, head_dim);
-            const __m512 p = _mm512_set1_ps(s[t]);
-            for (int c = 0; c < chunks; c++)
-                acc[c] = _mm512_fmadd_ps(p, load_bf16(v + 16 * c, 0xFFFF), acc[c]);
+        for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+            const uint16_t *v =
+                v_cache + table[t0 / block_size] * block_stride + kv_head * head_dim;
+            const int64_t n = len - t0 < block_size ? len - t0 : block_size;
+            for (int64_t off = 0; off < n; off++, v += token_stride) {
+                const __m512 p = _mm512_set1_ps(s[t0 + off]);
+                for (int c = 0; c < chunks; c++)
+                    acc[c] = _mm512_fmadd_ps(p, load_bf16(v + 16 * c, 0xFFFF), acc[c]);
+            }
         }
-        const __m512 vinv = _mm512_set1_ps(inv);
         for (int c = 0; c < chunks; c++) {
-            __m256bh o = _mm512_cvtneps_pbh(_mm512_mul_ps(acc[c], vinv));
+            __m256bh o = _mm512_cvtneps_pbh(_mm512_mul_ps(acc[c], inv));
             _mm256_storeu_si256((__m256i *)(out + g * head_dim + 16 * c), (__m256i)o);
         }
     }
@@ -91,7 +98,8 @@ int paged_decode_attention_bf16(const uint16_t *query, const uint16_t *k_cache,
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = malloc((size_t)(group * max_len) * sizeof(float));
+        float *scores = malloc((size_t)(group * (max_len + head_dim)) * sizeof(float));
+        float *q32 = scores == NULL ? NULL : scores + group * max_len;
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -104,13 +112,13 @@ int paged_decode_attention_bf16(const uint16_t *query, const uint16_t *k_cache,
             const int64_t *table = tables + b * table_stride;
             if (chunks == 4)
                 attend(query + at, k_cache, v_cache, table, lens[b], out + at, group, kv_heads,
-                       kh, block_size, scale, scores, 4);
+                       kh, block_size, scale, q32, scores, 4);
             else if (chunks == 8)
                 attend(query + at, k_cache, v_cache, table, lens[b], out + at, group, kv_heads,
-                       kh, block_size, scale, scores, 8);
+                       kh, block_size, scale, q32, scores, 8);
             else
                 attend(query + at, k_cache, v_cache, table, lens[b], out + at, group, kv_heads,
-                       kh, block_size, scale, scores, chunks);
+                       kh, block_size, scale, q32, scores, chunks);
         }
         free(scores);
     }
