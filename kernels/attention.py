@@ -176,14 +176,19 @@ def paged_attention(
             continue
         start, length = meta.query_start_loc[i], meta.seq_lens[i]
         q = query[start : start + n]
-        k = gather_kv(k_cache, meta.block_tables[i], length)
-        v = gather_kv(v_cache, meta.block_tables[i], length)
+        table = meta.block_tables[i]
         held_whole = (
-            query.is_cpu and k.dtype in _HELD_WHOLE_DTYPES and num_heads * n * length <= _MAX_SCORES
+            query.is_cpu
+            and k_cache.dtype in _HELD_WHOLE_DTYPES
+            and num_heads * n * length <= _MAX_SCORES
         )
         if held_whole:
+            k, v = _head_major(k_cache, table, length), _head_major(v_cache, table, length)
             o = _attend_held_whole(q, k, v, meta.chunk_mask(n, group, k.dtype), scale)
-        elif n == length:  # a whole prompt: plain causal attention
+            out[start : start + n] = o.to(out.dtype)
+            continue
+        k, v = gather_kv(k_cache, table, length), gather_kv(v_cache, table, length)
+        if n == length:  # a whole prompt: plain causal attention
             o = F.scaled_dot_product_attention(
                 q.transpose(0, 1).unsqueeze(0).to(k.dtype),
                 k.transpose(0, 1).unsqueeze(0),
@@ -239,6 +244,14 @@ _MAX_SCORES = 1 << 24
 _MAX_PREFIX_MASK = 1 << 22
 
 
+def _head_major(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """One sequence's K or V as [kv_heads, length, D], contiguous: in one pass by
+    kernels/cpu_kernels where it runs, else gathered and then transposed."""
+    if cpu_kernels.runs_gather(cache):
+        return cpu_kernels.gather_head_major(cache, table, length)
+    return gather_kv(cache, table, length).transpose(0, 1).contiguous()
+
+
 def _fold_groups(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """Queries [n, H, D] as [1, kv_heads, group * n, D]: the heads sharing a KV head
     become that head's query rows, ordered (group member, query), so K/V need no
@@ -264,7 +277,8 @@ def _attend_held_whole(
     scale: float,
 ) -> torch.Tensor:
     """Causal attention of n queries [n, H, D], the last n of L positions, over keys
-    and values [L, kv_heads, D], with all n x L scores held at once (the CPU path):
+    and values in head-major order [kv_heads, L, D] (_head_major), with all n x L
+    scores held at once (the CPU path):
     one batched matmul, the heads sharing a KV head folded into that head's query
     rows (K/V never repeated); the scores are rounded to the model's dtype before an
     fp32 softmax, as transformers' eager attention does. Only the chunk's own keys
@@ -272,18 +286,16 @@ def _attend_held_whole(
     visible. In bf16 the softmax is kernels/cpu_kernels's where it runs (it masks
     by row index and ignores chunk_mask)."""
     n = query.shape[0]
-    length, kv_heads = key.shape[0], key.shape[1]
+    kv_heads, length = key.shape[0], key.shape[1]
     # Pre-scaling the queries is exact for a power-of-two scale (head_dim 64).
     q = _fold_groups((query * scale).to(key.dtype), kv_heads)[0]  # [kv, group * n, D]
-    # Head-major copies of K and V: the batched matmuls would make them anyway.
-    scores = torch.bmm(q, key.transpose(0, 1).contiguous().transpose(1, 2))
+    scores = torch.bmm(q, key.transpose(1, 2))
     if scores.dtype == torch.bfloat16 and cpu_kernels.available():
         probs = cpu_kernels.causal_softmax_(scores, n)  # the mask from the row index
     else:
         scores[:, :, length - n :].add_(chunk_mask)
         probs = torch.softmax(scores, dim=-1)
-    o = torch.bmm(probs, value.transpose(0, 1).contiguous())
-    return _unfold_groups(o, n)
+    return _unfold_groups(torch.bmm(probs, value), n)
 
 
 def _attend_over_prefix(

@@ -1,6 +1,6 @@
 """The C kernels of CPU attention (csrc/), compiled for this machine on first use:
-the causal softmax of scores held whole, and decode attention read in place
-through block tables.
+the causal softmax of scores held whole, a gather of K/V into head-major order,
+and decode attention read in place through block tables.
 
 On a CPU with AVX512-BF16 the sources are built once with the system's C compiler
 into a per-user cache and loaded with ctypes: a second or so, once. Where there is
@@ -28,7 +28,7 @@ from kernels.cpu_features import cpu_flags
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "causal_softmax.c", CSRC / "paged_decode.c")
+SOURCES = (CSRC / "causal_softmax.c", CSRC / "paged_decode.c", CSRC / "gather_kv.c")
 HEADERS = (CSRC / "vec.h",)
 # Named instruction sets instead of -march=native: the library also runs on another
 # machine with these flags (a cache dir shared over NFS, an image built elsewhere).
@@ -105,6 +105,14 @@ def _library() -> ctypes.CDLL | None:
         + (ctypes.c_float, ctypes.c_int)
     )
     fn.restype = ctypes.c_int
+    fn = lib.gather_head_major
+    fn.argtypes = (
+        (ctypes.c_void_p,) * 2
+        + (ctypes.c_int64, ctypes.c_void_p)
+        + (ctypes.c_int64,) * 3
+        + (ctypes.c_int,)
+    )
+    fn.restype = None
     return lib
 
 
@@ -113,18 +121,42 @@ def available() -> bool:
     return _library() is not None
 
 
+def runs_gather(cache: torch.Tensor) -> bool:
+    """True where gather_head_major takes this cache: bf16 on the CPU, contiguous,
+    and the kernels available."""
+    return cache.is_cpu and cache.dtype == torch.bfloat16 and cache.is_contiguous() and available()
+
+
+def gather_head_major(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one sequence from cache [blocks, block_size,
+    kv_heads, D] through its block table, as [kv_heads, length, D]."""
+    lib = _loaded()
+    _, block_size, kv_heads, head_dim = cache.shape
+    if cache.dtype != torch.bfloat16 or not cache.is_cpu or not cache.is_contiguous():
+        raise ValueError("expected a contiguous bf16 CPU cache")
+    if table.dtype != torch.int64 or table.stride(-1) != 1:
+        raise ValueError("expected an int64 block table with contiguous entries")
+    if table.numel() * block_size < length:
+        raise ValueError(f"a table of {table.numel()} blocks cannot hold {length} tokens")
+    out = cache.new_empty(kv_heads, length, head_dim)
+    lib.gather_head_major(
+        cache.data_ptr(),
+        table.data_ptr(),
+        length,
+        out.data_ptr(),
+        kv_heads,
+        head_dim * cache.element_size(),
+        block_size,
+        torch.get_num_threads(),
+    )
+    return out
+
+
 def runs_decode(k_cache: torch.Tensor) -> bool:
     """True where paged_decode_attention takes this cache: bf16 on the CPU, head_dim
     a multiple of 16 up to 256, and the kernels available."""
     head_dim = k_cache.shape[-1]
-    return (
-        k_cache.is_cpu
-        and k_cache.dtype == torch.bfloat16
-        and head_dim % 16 == 0
-        and head_dim <= 256
-        and k_cache.is_contiguous()
-        and available()
-    )
+    return head_dim % 16 == 0 and head_dim <= 256 and runs_gather(k_cache)
 
 
 def _loaded() -> ctypes.CDLL:

@@ -129,7 +129,8 @@ def test_chunk_over_a_cached_prefix_is_causal_attention(
     group = num_heads // num_kv_heads
     if way == "held-whole":
         mask = _meta(n, length).chunk_mask(n, group, dtype)
-        got = _attend_held_whole(qd, kd, vd, mask, dim**-0.5)
+        head_major = kd.transpose(0, 1).contiguous(), vd.transpose(0, 1).contiguous()
+        got = _attend_held_whole(qd, *head_major, mask, dim**-0.5)
     elif way == "one-masked-call":  # flash on CPU, SDPA elsewhere
         mask = _meta(n, length).prefix_mask(0, group, dtype)
         got = _attend_over_prefix(qd, kd, vd, mask, dim**-0.5)

@@ -1,5 +1,6 @@
-"""The compiled CPU kernels (kernels/cpu_kernels) against torch: the causal softmax
-and paged decode attention; their build cache, and the fallback where they can't run."""
+"""The compiled CPU kernels (kernels/cpu_kernels) against torch: the causal softmax,
+the head-major gather and paged decode attention; their build cache, and the
+fallback where they can't run."""
 
 import logging
 import subprocess
@@ -9,7 +10,7 @@ import torch
 
 import kernels.attention as attention
 from kernels import cpu_kernels
-from kernels.attention import AttentionMetadata, paged_attention
+from kernels.attention import AttentionMetadata, gather_kv, paged_attention
 from tests.kernels.test_attention import dense_attention
 
 needs_kernel = pytest.mark.skipif(
@@ -176,6 +177,47 @@ def test_paged_decode_attention_rejects_what_it_cannot_read():
 
 
 @needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("length", [1, 16, 37, 1000])
+def test_gather_head_major_is_the_gathered_context_transposed(length, threads):
+    _, k_cache, _, tables, _, _ = paged_decode_case([length, 5], 9, 3, 64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_kernels.gather_head_major(k_cache, tables[0], length)
+    finally:
+        torch.set_num_threads(before)
+    want = gather_kv(k_cache, tables[0], length).transpose(0, 1)
+    assert got.is_contiguous() and torch.equal(got, want)
+
+
+@needs_kernel
+def test_gather_head_major_rejects_what_it_cannot_read():
+    _, k_cache, _, tables, _, _ = paged_decode_case([20], 2, 1, 16)
+    with pytest.raises(ValueError, match="bf16"):
+        cpu_kernels.gather_head_major(k_cache.float(), tables[0], 20)
+    with pytest.raises(ValueError, match="int64"):
+        cpu_kernels.gather_head_major(k_cache, tables[0].int(), 20)
+    with pytest.raises(ValueError, match="cannot hold"):
+        cpu_kernels.gather_head_major(k_cache, tables[0, :1], 20)
+
+
+@needs_kernel
+def test_held_whole_chunks_gather_through_the_compiled_kernel(monkeypatch):
+    monkeypatch.setattr(attention, "_HELD_WHOLE_DTYPES", {torch.bfloat16})
+    calls = []
+    real = cpu_kernels.gather_head_major
+    monkeypatch.setattr(
+        cpu_kernels, "gather_head_major", lambda c, t, n: calls.append(n) or real(c, t, n)
+    )
+    _, k_cache, v_cache, tables, _, _ = paged_decode_case([37], 9, 3, 64)
+    q = torch.randn(5, 9, 64).bfloat16()
+    meta = AttentionMetadata(torch.full((5,), -1), tables, [0, 5], [37])
+    paged_attention(q, k_cache, v_cache, meta, 0.125)
+    assert calls == [37, 37]  # K and V
+
+
+@needs_kernel
 def test_decodes_go_through_the_compiled_kernel(monkeypatch):
     calls = []
     real = cpu_kernels.paged_decode_attention
@@ -234,6 +276,7 @@ def test_a_failed_compile_falls_back_to_torch_with_a_warning(fresh_library, monk
     mask = AttentionMetadata(torch.zeros(3), torch.zeros(1, 1), [0, 3], [9]).chunk_mask(
         3, 1, torch.bfloat16
     )
+    k = k.transpose(0, 1).contiguous()
     assert attention._attend_held_whole(q, k, k, mask, 8**-0.5).shape == (3, 2, 8)
 
 
