@@ -35,5 +35,6 @@ def paged_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: flo
     if _use_triton(query):
         from kernels import triton_attention
 
-        return triton_attention.paged_attention(query, k_cache, v_cache, meta, scale)
+        if triton_attention.supports_attention(k_cache.shape[1]):
+            return triton_attention.paged_attention(query, k_cache, v_cache, meta, scale)
     return reference.paged_attention(query, k_cache, v_cache, meta, scale)

@@ -22,15 +22,17 @@ def _store_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     stride_key, stride_value,
     D: tl.constexpr,  # kv_heads * head_dim, contiguous in both source and cache
+    BLOCK_D: tl.constexpr,  # D rounded up to a power of two (tl.arange needs one)
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token)
     if slot >= 0:
-        offs = tl.arange(0, D)
-        k = tl.load(key_ptr + token * stride_key + offs)
-        v = tl.load(value_ptr + token * stride_value + offs)
-        tl.store(k_cache_ptr + slot * D + offs, k.to(k_cache_ptr.dtype.element_ty))
-        tl.store(v_cache_ptr + slot * D + offs, v.to(v_cache_ptr.dtype.element_ty))
+        offs = tl.arange(0, BLOCK_D)
+        inside = offs < D
+        k = tl.load(key_ptr + token * stride_key + offs, mask=inside)
+        v = tl.load(value_ptr + token * stride_value + offs, mask=inside)
+        tl.store(k_cache_ptr + slot * D + offs, k.to(k_cache_ptr.dtype.element_ty), mask=inside)
+        tl.store(v_cache_ptr + slot * D + offs, v.to(v_cache_ptr.dtype.element_ty), mask=inside)
 
 
 def store_kvcache(
@@ -42,13 +44,18 @@ def store_kvcache(
 ) -> None:
     num_tokens, kv_heads, head_dim = key.shape
     d = kv_heads * head_dim
-    if d & (d - 1):
-        raise ValueError("kv_heads * head_dim must be a power of two for the Triton store")
     key, value = key.reshape(num_tokens, d), value.reshape(num_tokens, d)
     assert key.stride(1) == 1 and value.stride(1) == 1 and k_cache.is_contiguous()
     _store_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping, key.stride(0), value.stride(0), D=d
+        key, value, k_cache, v_cache, slot_mapping, key.stride(0), value.stride(0),
+        D=d, BLOCK_D=triton.next_power_of_2(d),
     )
+
+
+def supports_attention(block_size: int) -> bool:
+    """The attention kernel takes one KV block per tl.dot, whose operands need at
+    least 16 rows and a power-of-two count: other block sizes use the torch ops."""
+    return block_size >= 16 and block_size & (block_size - 1) == 0
 
 
 @triton.jit
@@ -64,6 +71,7 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two; the rest is masked
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -74,25 +82,28 @@ def _paged_attention_kernel(
         ctx = tl.load(seq_lens_ptr + seq)
         kv_head = head // GROUP
         offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, HEAD_DIM)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_valid = offs_d < HEAD_DIM
         offs_n = tl.arange(0, BLOCK_SIZE)
         m_valid = offs_m < q_len
+        # Padded head dims load as 0: they add nothing to q.k, and their output isn't stored.
         q = tl.load(
             q_ptr + (q_start + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-            mask=m_valid[:, None], other=0.0,
+            mask=m_valid[:, None] & d_valid[None, :], other=0.0,
         ).to(tl.float32)
         q_pos = ctx - q_len + offs_m  # absolute positions of this tile's queries
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         # Keys past this tile's last query are masked for every row: skip their blocks.
         last = tl.minimum(ctx, ctx - q_len + (tile + 1) * BLOCK_M)
         for b in range(0, tl.cdiv(last, BLOCK_SIZE)):
             block = tl.load(block_tables_ptr + seq * stride_bt + b)
             base = block * stride_kb + kv_head * stride_kh
             kv_offs = offs_n[:, None] * stride_ks + offs_d[None, :]
-            k = tl.load(k_cache_ptr + base + kv_offs).to(tl.float32)
-            v = tl.load(v_cache_ptr + base + kv_offs).to(tl.float32)
+            k = tl.load(k_cache_ptr + base + kv_offs, mask=d_valid[None, :], other=0.0)
+            v = tl.load(v_cache_ptr + base + kv_offs, mask=d_valid[None, :], other=0.0)
+            k, v = k.to(tl.float32), v.to(tl.float32)
             s = tl.dot(q, tl.trans(k)) * scale
             k_pos = b * BLOCK_SIZE + offs_n
             keep = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < ctx)
@@ -107,7 +118,7 @@ def _paged_attention_kernel(
         tl.store(
             out_ptr + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
             out.to(out_ptr.dtype.element_ty),
-            mask=m_valid[:, None],
+            mask=m_valid[:, None] & d_valid[None, :],
         )
 
 
@@ -140,5 +151,6 @@ def paged_attention(
         BLOCK_M=block_m,
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
     )
     return out

@@ -58,11 +58,40 @@ def test_paged_attention_matches_reference(num_heads, num_kv_heads, dtype, tol):
     assert (got - ref).abs().max().item() < tol
 
 
+def test_paged_attention_with_a_head_dim_that_is_not_a_power_of_two():
+    """The kernel pads head_dim to a power of two (tl.arange needs one) and masks the rest."""
+    head_dim = 24
+    q, k_cache, v_cache, meta = build_batch(SHAPES, 6, 2, head_dim, torch.float32)
+    ref = reference.paged_attention(q, k_cache, v_cache, meta, head_dim**-0.5)
+    got = triton_attention.paged_attention(q, k_cache, v_cache, meta, head_dim**-0.5)
+    assert (got - ref).abs().max().item() < 2e-4
+
+
+def test_block_sizes_the_attention_kernel_cannot_take_use_the_torch_ops(monkeypatch):
+    """tl.dot needs 16+ rows, a power of two: such caches take the reference on CUDA too."""
+    import kernels
+
+    assert [triton_attention.supports_attention(b) for b in (8, 16, 24, 32)] == [
+        False,
+        True,
+        False,
+        True,
+    ]
+    monkeypatch.setattr(kernels, "_use_triton", lambda t: True)
+    launched = []
+    monkeypatch.setattr(triton_attention, "paged_attention", lambda *a: launched.append(a))
+    q, k_cache, v_cache, meta = build_batch(SHAPES, 2, 2, 16, torch.float32, bs=8)
+    got = kernels.paged_attention(q, k_cache, v_cache, meta, 0.25)
+    assert not launched
+    assert torch.equal(got, reference.paged_attention(q, k_cache, v_cache, meta, 0.25))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_store_kvcache_matches_reference(dtype):
-    q, k_cache, v_cache, meta = build_batch(SHAPES[:4], 2, 2, 16, dtype)
+@pytest.mark.parametrize("kv_heads,head_dim", [(2, 16), (3, 64)])  # 32 and 192 per token
+def test_store_kvcache_matches_reference(dtype, kv_heads, head_dim):
+    q, k_cache, v_cache, meta = build_batch(SHAPES[:4], kv_heads, kv_heads, head_dim, dtype)
     n = meta.slot_mapping.shape[0]
-    key = torch.randn(n, 2, 16, dtype=dtype, device=DEVICE)
+    key = torch.randn(n, kv_heads, head_dim, dtype=dtype, device=DEVICE)
     value = torch.randn_like(key)
     slots = meta.slot_mapping.clone()
     slots[3] = -1  # skipped
