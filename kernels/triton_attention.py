@@ -98,7 +98,8 @@ def _paged_attention_kernel(
         # Keys past this tile's last query are masked for every row: skip their blocks.
         last = tl.minimum(ctx, ctx - q_len + (tile + 1) * BLOCK_M)
         for b in range(0, tl.cdiv(last, BLOCK_SIZE)):
-            block = tl.load(block_tables_ptr + seq * stride_bt + b)
+            # In int64: the offset passes 2**31 once one layer's K cache tops 4 GiB in bf16.
+            block = tl.load(block_tables_ptr + seq * stride_bt + b).to(tl.int64)
             base = block * stride_kb + kv_head * stride_kh
             kv_offs = offs_n[:, None] * stride_ks + offs_d[None, :]
             k = tl.load(k_cache_ptr + base + kv_offs, mask=d_valid[None, :], other=0.0)
