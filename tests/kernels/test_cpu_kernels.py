@@ -73,23 +73,12 @@ def test_rejects_what_it_cannot_read():
         cpu_kernels.causal_softmax_(torch.zeros(5, 4, dtype=torch.bfloat16), 5)
 
 
-@needs_kernel
-def test_bf16_held_whole_attention_uses_the_compiled_softmax(monkeypatch):
-    monkeypatch.setattr(attention, "_HELD_WHOLE_DTYPES", {torch.bfloat16})
+def spy(monkeypatch, name: str) -> list[tuple]:
+    """Record the arguments of every call of cpu_kernels.<name>, which still runs."""
     calls = []
-    real = cpu_kernels.causal_softmax_
-    monkeypatch.setattr(
-        cpu_kernels, "causal_softmax_", lambda s, n: calls.append((tuple(s.shape), n)) or real(s, n)
-    )
-    torch.manual_seed(0)
-    n, length, heads, kv_heads, dim, bs = 5, 37, 6, 2, 16, 4
-    k_cache = torch.randn(16, bs, kv_heads, dim).bfloat16()
-    v_cache = torch.randn_like(k_cache)
-    table = torch.randperm(16)[: -(-length // bs)]
-    meta = AttentionMetadata(torch.zeros(n, dtype=torch.long), table[None], [0, n], [length])
-    q = torch.randn(n, heads, dim).bfloat16()
-    paged_attention(q, k_cache, v_cache, meta, dim**-0.5)
-    assert calls == [((kv_heads, heads // kv_heads * n, length), n)]
+    real = getattr(cpu_kernels, name)
+    monkeypatch.setattr(cpu_kernels, name, lambda *a: calls.append(a) or real(*a))
+    return calls
 
 
 def paged_decode_case(lens, heads, kv_heads, head_dim, block_size=16, seed=0):
@@ -203,32 +192,26 @@ def test_gather_head_major_rejects_what_it_cannot_read():
 
 
 @needs_kernel
-def test_held_whole_chunks_gather_through_the_compiled_kernel(monkeypatch):
+def test_bf16_chunks_held_whole_go_through_the_compiled_kernels(monkeypatch):
     monkeypatch.setattr(attention, "_HELD_WHOLE_DTYPES", {torch.bfloat16})
-    calls = []
-    real = cpu_kernels.gather_head_major
-    monkeypatch.setattr(
-        cpu_kernels, "gather_head_major", lambda c, t, n: calls.append(n) or real(c, t, n)
-    )
+    gathers = spy(monkeypatch, "gather_head_major")
+    softmaxes = spy(monkeypatch, "causal_softmax_")
     _, k_cache, v_cache, tables, _, _ = paged_decode_case([37], 9, 3, 64)
     q = torch.randn(5, 9, 64).bfloat16()
     meta = AttentionMetadata(torch.full((5,), -1), tables, [0, 5], [37])
     paged_attention(q, k_cache, v_cache, meta, 0.125)
-    assert calls == [37, 37]  # K and V
+    assert [a[2] for a in gathers] == [37, 37]  # K and V
+    assert [(tuple(a[0].shape), a[1]) for a in softmaxes] == [((3, 3 * 5, 37), 5)]
 
 
 @needs_kernel
 def test_decodes_go_through_the_compiled_kernel(monkeypatch):
-    calls = []
-    real = cpu_kernels.paged_decode_attention
-    monkeypatch.setattr(
-        cpu_kernels, "paged_decode_attention", lambda *a: calls.append(a[4].tolist()) or real(*a)
-    )
+    calls = spy(monkeypatch, "paged_decode_attention")
     query, k_cache, v_cache, tables, lens, _ = paged_decode_case([20, 7], 9, 3, 64)
     slots = torch.tensor([-1, -1])  # nothing new to store
     meta = AttentionMetadata(slots, tables, [0, 1, 2], [20, 7])
     paged_attention(query, k_cache, v_cache, meta, 0.125)
-    assert calls == [[20, 7]]
+    assert [a[4].tolist() for a in calls] == [[20, 7]]
     assert cpu_kernels.runs_decode(k_cache)
     assert not cpu_kernels.runs_decode(k_cache.float())
 
