@@ -1,6 +1,8 @@
 """Torch ops for attention over a paged KV cache: the CPU path, and the oracle
 for the Triton kernels (they run on any device; on CPU they pick, per shape,
-between batched matmuls around a softmax and torch's flash kernel).
+between batched matmuls around a softmax and torch's flash kernel, and hand the
+parts that torch does slowly there to the C kernels of kernels/cpu_kernels where
+those run).
 
 Layout (as nano-vllm): one cache tensor per layer for K and one for V, shaped
 [num_blocks, block_size, num_kv_heads, head_dim]. A token's slot is
