@@ -1,6 +1,6 @@
-"""The C kernels of CPU attention (csrc/), compiled for this machine on first use:
+"""The C kernels of the CPU path (csrc/), compiled for this machine on first use:
 the causal softmax of scores held whole, a gather of K/V into head-major order,
-and decode attention read in place through block tables.
+decode attention read in place through block tables, and RMSNorm.
 
 On a CPU with AVX512-BF16 the sources are built once with the system's C compiler
 into a per-user cache and loaded with ctypes: a second or so, once. Where there is
@@ -28,7 +28,9 @@ from kernels.cpu_features import cpu_flags
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "causal_softmax.c", CSRC / "paged_decode.c", CSRC / "gather_kv.c")
+SOURCES = tuple(
+    CSRC / name for name in ("causal_softmax.c", "paged_decode.c", "gather_kv.c", "rms_norm.c")
+)
 HEADERS = (CSRC / "vec.h",)
 # Named instruction sets instead of -march=native: the library also runs on another
 # machine with these flags (a cache dir shared over NFS, an image built elsewhere).
@@ -105,6 +107,9 @@ def _library() -> ctypes.CDLL | None:
         + (ctypes.c_float, ctypes.c_int)
     )
     fn.restype = ctypes.c_int
+    fn = lib.rms_norm_bf16
+    fn.argtypes = (ctypes.c_void_p,) * 3 + (ctypes.c_int64,) * 2 + (ctypes.c_float, ctypes.c_int)
+    fn.restype = None
     fn = lib.gather_head_major
     fn.argtypes = (
         (ctypes.c_void_p,) * 2
@@ -119,6 +124,39 @@ def _library() -> ctypes.CDLL | None:
 def available() -> bool:
     """True where the compiled kernels run here (AVX512-BF16 and a C compiler)."""
     return _library() is not None
+
+
+def runs_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True where rms_norm takes these: bf16 CPU tensors, x contiguous rows of
+    weight's size, and the kernels available."""
+    return (
+        x.is_cpu
+        and x.dtype == weight.dtype == torch.bfloat16
+        and x.is_contiguous()
+        and weight.is_contiguous()
+        and x.shape[-1] == weight.shape[0]
+        and available()
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * rms_norm(x) over the last dim, with torch's roundings: x normalised in
+    fp32 and rounded to bf16, then multiplied by the weight and rounded again."""
+    lib = _loaded()
+    if not runs_rms_norm(x, weight):
+        raise ValueError("expected contiguous bf16 CPU rows and a weight of their size")
+    out = torch.empty_like(x)
+    dim = weight.shape[0]
+    lib.rms_norm_bf16(
+        x.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        x.numel() // dim,
+        dim,
+        eps,
+        torch.get_num_threads(),
+    )
+    return out
 
 
 def runs_gather(cache: torch.Tensor) -> bool:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from kernels import AttentionMetadata, paged_attention, store_kvcache
+from kernels import AttentionMetadata, cpu_kernels, paged_attention, store_kvcache
 from kernels.cpu_linear import linear, pack_weight, packed_linear
 
 
@@ -42,6 +42,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # One C call instead of torch's dozen small ops, where it runs (bf16 on CPU).
+        if cpu_kernels.runs_rms_norm(x, self.weight):
+            return cpu_kernels.rms_norm(x, self.weight, self.eps)
         # rms_norm normalises bf16 input in fp32 and rounds once; the weight is applied
         # after that rounding, in the model's dtype: transformers' order of roundings.
         return self.weight * F.rms_norm(x, self.weight.shape, eps=self.eps)

@@ -1,6 +1,6 @@
 """The compiled CPU kernels (kernels/cpu_kernels) against torch: the causal softmax,
-the head-major gather and paged decode attention; their build cache, and the
-fallback where they can't run."""
+the head-major gather, paged decode attention and RMSNorm; their build cache, and
+the fallback where they can't run."""
 
 import logging
 import subprocess
@@ -214,6 +214,52 @@ def test_decodes_go_through_the_compiled_kernel(monkeypatch):
     assert [a[4].tolist() for a in calls] == [[20, 7]]
     assert cpu_kernels.runs_decode(k_cache)
     assert not cpu_kernels.runs_decode(k_cache.float())
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(1, 576), (37, 576), (300, 64), (4, 40), (2, 5, 24)])
+def test_rms_norm_matches_torch_within_one_bf16_step(shape, threads):
+    torch.manual_seed(shape[0])
+    dim = shape[-1]
+    x = (torch.randn(shape) * 3).bfloat16()
+    weight = (torch.randn(dim) * 0.3 + 1).bfloat16()
+    want = weight * torch.nn.functional.rms_norm(x, (dim,), eps=1e-5)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_kernels.rms_norm(x, weight, 1e-5)
+    finally:
+        torch.set_num_threads(before)
+    assert got.shape == x.shape and got.dtype == torch.bfloat16
+    steps = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
+    # Same roundings in the same order; only the fp32 sum's order differs.
+    assert steps.max().item() <= 1
+    assert (steps > 0).float().mean().item() < 1e-3
+
+
+@needs_kernel
+def test_rms_norm_rejects_what_it_cannot_read():
+    w = torch.ones(8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="bf16"):
+        cpu_kernels.rms_norm(torch.ones(2, 8), w, 1e-5)
+    with pytest.raises(ValueError, match="weight of their size"):
+        cpu_kernels.rms_norm(torch.ones(2, 6, dtype=torch.bfloat16), w, 1e-5)
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu_kernels.rms_norm(torch.ones(8, 2, dtype=torch.bfloat16).t(), w, 1e-5)
+
+
+@needs_kernel
+def test_the_models_rms_norm_goes_through_the_compiled_kernel_in_bf16(monkeypatch):
+    from inference.models.llama import RMSNorm
+
+    calls = spy(monkeypatch, "rms_norm")
+    norm = RMSNorm(16, 1e-6)
+    x = torch.randn(3, 16)
+    norm.forward(x)  # fp32: torch's ops
+    assert calls == []
+    norm.bfloat16().forward(x.bfloat16())
+    assert len(calls) == 1
 
 
 @pytest.fixture
