@@ -6,10 +6,11 @@ replace, on shapes of SmolLM2 (9 query heads, 3 KV heads, dim 64), bf16:
 - decode: one query per sequence over its paged context; the C kernel reading K/V
   in place, against gathering the blocks and one padded flash call;
 - softmax: the causal softmax of a chunk's scores held whole, against the mask
-  added over its own keys and torch.softmax.
+  added over its own keys and torch.softmax;
+- rms_norm: RMSNorm of bf16 rows, against torch's rms_norm and the weight multiply.
 
 Each round times both sides back to back; the figures are per-case medians over
-rounds, in microseconds per call (one layer). Per-call times, not per-token ones:
+rounds, in microseconds per call (one layer, or one norm). Per-call times, not per-token ones:
 the engine benchmark (python -m inference.bench) gives those.
 """
 
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from kernels import attention, cpu_kernels
 from kernels.attention import AttentionMetadata, paged_attention
@@ -29,6 +31,7 @@ from kernels.attention import AttentionMetadata, paged_attention
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
 DECODE_CASES = [(1, 32), (1, 1000), (32, 32), (32, 200), (16, 1000)]  # (sequences, context)
 SOFTMAX_CASES = [(82, 1490), (256, 1024), (82, 82)]  # (queries, context)
+RMS_NORM_CASES = [(1, 576), (32, 576), (256, 576)]  # (rows, hidden size)
 
 
 def _best_of(fn, iters: int) -> float:
@@ -91,6 +94,15 @@ def time_softmax(n: int, context: int, iters: int) -> tuple[float, float]:
     return _best_of(ours, iters), _best_of(torch_ops, iters)
 
 
+def time_rms_norm(rows: int, dim: int, iters: int) -> tuple[float, float]:
+    g = torch.Generator().manual_seed(rows * 13 + dim)
+    x = (torch.randn(rows, dim, generator=g) * 3).bfloat16()
+    weight = (torch.randn(dim, generator=g) * 0.3 + 1).bfloat16()
+    ours = _best_of(lambda: cpu_kernels.rms_norm(x, weight, 1e-5), iters)
+    torch_ops = _best_of(lambda: weight * F.rms_norm(x, (dim,), eps=1e-5), iters)
+    return ours, torch_ops
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-results/kernels-cpu.json")
@@ -101,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("the compiled CPU kernels don't run here (AVX512-BF16 and a C compiler)")
     cases = [("decode", s, c, time_decode) for s, c in DECODE_CASES]
     cases += [("softmax", n, c, time_softmax) for n, c in SOFTMAX_CASES]
+    cases += [("rms_norm", r, d, time_rms_norm) for r, d in RMS_NORM_CASES]
     rounds: dict[str, list[tuple[float, float]]] = {}
     for r in range(args.rounds):
         for kind, a, b, fn in cases:
