@@ -10,8 +10,8 @@ replace, on shapes of SmolLM2 (9 query heads, 3 KV heads, dim 64), bf16:
 - rms_norm: RMSNorm of bf16 rows, against torch's rms_norm and the weight multiply.
 
 Each round times both sides back to back; the figures are per-case medians over
-rounds, in microseconds per call (one layer, or one norm). Per-call times, not per-token ones:
-the engine benchmark (python -m inference.bench) gives those.
+rounds, in microseconds per call (one layer, or one norm). Per-call times, not
+per-token ones: the engine benchmark (python -m inference.bench) gives those.
 """
 
 from __future__ import annotations
