@@ -32,16 +32,21 @@ class DecodeBatch:
     lens: torch.Tensor  # [B] int64 their context lengths
     max_len: int
     all_rows: bool  # every query token of the step is a decode, in order
-    padding: torch.Tensor | None  # [B, 1, 1, max_len] True past a context; None if none is
     _masks: dict = field(default_factory=dict, repr=False, compare=False)
 
     def mask(self, dtype: torch.dtype) -> torch.Tensor | None:
-        """The padding as an additive mask (0 or -inf) in dtype, built once per step."""
-        if self.padding is None:
-            return None
+        """The padding past each context as an additive mask [B, 1, 1, max_len] (0 or
+        -inf) in dtype, for the padded flash call; built once per step, and only when
+        asked (the C kernel reads each context's own length). None when no row is
+        padded."""
         if dtype not in self._masks:
-            zeros = torch.zeros(self.padding.shape, dtype=dtype, device=self.padding.device)
-            self._masks[dtype] = zeros.masked_fill_(self.padding, float("-inf"))
+            mask = None
+            if int(self.lens.min()) < self.max_len:
+                positions = torch.arange(self.max_len, device=self.lens.device)
+                padding = (positions[None, :] >= self.lens[:, None])[:, None, None, :]
+                mask = torch.zeros(padding.shape, dtype=dtype, device=padding.device)
+                mask.masked_fill_(padding, float("-inf"))
+            self._masks[dtype] = mask
         return self._masks[dtype]
 
 
@@ -87,11 +92,6 @@ class AttentionMetadata:
         max_len = max(lens)
         max_blocks = (max_len + block_size - 1) // block_size
         idx = torch.tensor(rows, device=device)
-        padding = None
-        if min(lens) < max_len:
-            lens_t = torch.tensor(lens, device=device)
-            padding = torch.arange(max_len, device=device)[None, :] >= lens_t[:, None]
-            padding = padding[:, None, None, :]
         return DecodeBatch(
             rows=rows,
             token_idx=torch.tensor([self.query_start_loc[i] for i in rows], device=device),
@@ -99,7 +99,6 @@ class AttentionMetadata:
             lens=torch.tensor(lens, dtype=torch.int64, device=device),
             max_len=max_len,
             all_rows=len(rows) == len(self.seq_lens),
-            padding=padding,
         )
 
     def chunk_mask(self, n: int, group: int, dtype: torch.dtype) -> torch.Tensor:

@@ -97,7 +97,7 @@ def _library() -> ctypes.CDLL | None:
         log.warning("the CPU kernels are unavailable (%s); keeping torch ops", e)
         return None
     fn = lib.causal_softmax_bf16
-    fn.argtypes = (ctypes.c_void_p,) + (ctypes.c_int64,) * 4 + (ctypes.c_int,)
+    fn.argtypes = (ctypes.c_void_p,) + (ctypes.c_int64,) * 3 + (ctypes.c_int,)
     fn.restype = ctypes.c_int
     fn = lib.paged_decode_attention_bf16
     fn.argtypes = (
@@ -126,24 +126,22 @@ def available() -> bool:
     return _library() is not None
 
 
+def _bf16_cpu(*tensors: torch.Tensor) -> bool:
+    """Every tensor is a contiguous bf16 CPU tensor: what the C kernels read."""
+    return all(t.is_cpu and t.dtype == torch.bfloat16 and t.is_contiguous() for t in tensors)
+
+
 def runs_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True where rms_norm takes these: bf16 CPU tensors, x contiguous rows of
     weight's size, and the kernels available."""
-    return (
-        x.is_cpu
-        and x.dtype == weight.dtype == torch.bfloat16
-        and x.is_contiguous()
-        and weight.is_contiguous()
-        and x.shape[-1] == weight.shape[0]
-        and available()
-    )
+    return _bf16_cpu(x, weight) and x.shape[-1] == weight.shape[0] and available()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * rms_norm(x) over the last dim, with torch's roundings: x normalised in
     fp32 and rounded to bf16, then multiplied by the weight and rounded again."""
     lib = _loaded()
-    if not runs_rms_norm(x, weight):
+    if not (_bf16_cpu(x, weight) and x.shape[-1] == weight.shape[0]):
         raise ValueError("expected contiguous bf16 CPU rows and a weight of their size")
     out = torch.empty_like(x)
     dim = weight.shape[0]
@@ -162,7 +160,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def runs_gather(cache: torch.Tensor) -> bool:
     """True where gather_head_major takes this cache: bf16 on the CPU, contiguous,
     and the kernels available."""
-    return cache.is_cpu and cache.dtype == torch.bfloat16 and cache.is_contiguous() and available()
+    return _bf16_cpu(cache) and available()
 
 
 def gather_head_major(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
@@ -170,7 +168,7 @@ def gather_head_major(cache: torch.Tensor, table: torch.Tensor, length: int) -> 
     kv_heads, D] through its block table, as [kv_heads, length, D]."""
     lib = _loaded()
     _, block_size, kv_heads, head_dim = cache.shape
-    if cache.dtype != torch.bfloat16 or not cache.is_cpu or not cache.is_contiguous():
+    if not _bf16_cpu(cache):
         raise ValueError("expected a contiguous bf16 CPU cache")
     if table.dtype != torch.int64 or table.stride(-1) != 1:
         raise ValueError("expected an int64 block table with contiguous entries")
@@ -210,7 +208,7 @@ def causal_softmax_(scores: torch.Tensor, n: int) -> torch.Tensor:
     0 .. L - n + r % n; later keys get 0. Within one bf16 step of torch's softmax
     over the same scores with -inf past each query."""
     lib = _loaded()
-    if scores.dtype != torch.bfloat16 or not scores.is_cpu or not scores.is_contiguous():
+    if not _bf16_cpu(scores):
         raise ValueError("expected contiguous bf16 CPU scores")
     length = scores.shape[-1]
     if not 0 < n <= length:
@@ -218,7 +216,7 @@ def causal_softmax_(scores: torch.Tensor, n: int) -> torch.Tensor:
     rows = scores.numel() // length
     if rows % n:
         raise ValueError(f"{rows} score rows are not whole groups of {n} queries")
-    if lib.causal_softmax_bf16(scores.data_ptr(), rows, n, length, length, torch.get_num_threads()):
+    if lib.causal_softmax_bf16(scores.data_ptr(), rows, n, length, torch.get_num_threads()):
         raise MemoryError("no memory for the softmax's row buffers")
     return scores
 
@@ -237,13 +235,7 @@ def paged_decode_attention(
     lib = _loaded()
     batch, heads, head_dim = query.shape
     _, block_size, kv_heads, cache_dim = k_cache.shape
-    if not (
-        query.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16
-        and query.is_contiguous()
-        and k_cache.is_contiguous()
-        and v_cache.is_contiguous()
-        and v_cache.shape == k_cache.shape
-    ):
+    if not (_bf16_cpu(query, k_cache, v_cache) and v_cache.shape == k_cache.shape):
         raise ValueError("expected contiguous bf16 query and caches of one shape")
     if cache_dim != head_dim or heads % kv_heads:
         raise ValueError(f"{heads} heads of {head_dim} over a cache of {kv_heads} x {cache_dim}")

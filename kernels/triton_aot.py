@@ -55,14 +55,20 @@ def _compile(kernel, types: list[str], constexprs: dict, arch: int):
 
 
 def compile_all(archs: list[int], dtypes: list[str], attention_cases, store_widths) -> list[dict]:
+    import triton
+
+    from kernels import triton_attention as ta
+
     results = []
     for arch in archs:
         for dtype in dtypes:
             t = DTYPES[dtype]
             for width in store_widths:
                 types = [f"*{t}"] * 4 + ["*i64", "i32", "i32"]
-                constexprs = {"D": width, "BLOCK_D": 1 << (width - 1).bit_length()}
-                results.append(_result("store_kv", arch, dtype, {"D": width}, types, constexprs))
+                constexprs = {"D": width, "BLOCK_D": triton.next_power_of_2(width)}
+                shape = {"D": width}
+                kernel = ta._store_kv_kernel
+                results.append(_result("store_kv", kernel, arch, dtype, shape, types, constexprs))
             for case in attention_cases:
                 types = [f"*{t}"] * 4 + ["*i32"] * 3 + ["fp32"] + ["i32"] * 8
                 constexprs = {
@@ -70,18 +76,16 @@ def compile_all(archs: list[int], dtypes: list[str], attention_cases, store_widt
                     "BLOCK_M": case.block_m,
                     "BLOCK_SIZE": case.block_size,
                     "HEAD_DIM": case.head_dim,
-                    "BLOCK_D": 1 << (case.head_dim - 1).bit_length(),
+                    "BLOCK_D": triton.next_power_of_2(case.head_dim),
                 }
+                kernel, shape = ta._paged_attention_kernel, asdict(case)
                 results.append(
-                    _result("paged_attention", arch, dtype, asdict(case), types, constexprs)
+                    _result("paged_attention", kernel, arch, dtype, shape, types, constexprs)
                 )
     return results
 
 
-def _result(name: str, arch: int, dtype: str, shape: dict, types, constexprs) -> dict:
-    from kernels import triton_attention as ta
-
-    kernel = {"store_kv": ta._store_kv_kernel, "paged_attention": ta._paged_attention_kernel}[name]
+def _result(name: str, kernel, arch: int, dtype: str, shape: dict, types, constexprs) -> dict:
     start = time.perf_counter()
     compiled = _compile(kernel, types, constexprs, arch)
     return {

@@ -16,3 +16,21 @@ def test_no_other_distribution_provides_our_top_level_package(package: str) -> N
         f"installed distribution(s) {sorted(others)} also provide `{package}`; "
         "pin the dependency that pulls them in (see pyproject.toml)"
     )
+
+
+def test_the_c_kernel_sources_ship_with_the_package():
+    # Compiled on first use from the installed package: a source or header left out
+    # of the wheel would make every non-editable install fall back to torch ops.
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    from kernels import cpu_kernels
+
+    pyproject = Path(__file__).parents[1] / "pyproject.toml"
+    globs = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]
+    globs = globs["package-data"]["kernels"]
+    package = Path(cpu_kernels.__file__).parent
+    for path in cpu_kernels.SOURCES + cpu_kernels.HEADERS:
+        name = path.relative_to(package).as_posix()
+        assert any(fnmatch.fnmatch(name, g) for g in globs), name

@@ -43,7 +43,7 @@ static void softmax_row(uint16_t *row, int64_t visible, int64_t length, float *b
 /* Returns 0, or 1 where a thread could not get its row buffer (nothing is then
    guaranteed about the scores). */
 int causal_softmax_bf16(uint16_t *scores, int64_t rows, int64_t n, int64_t length,
-                        int64_t row_stride, int threads) {
+                        int threads) {
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -55,7 +55,7 @@ int causal_softmax_bf16(uint16_t *scores, int64_t rows, int64_t n, int64_t lengt
         }
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
-            if (buf != NULL) softmax_row(scores + r * row_stride, length - n + r % n + 1, length, buf);
+            if (buf != NULL) softmax_row(scores + r * length, length - n + r % n + 1, length, buf);
         }
         free(buf);
     }
