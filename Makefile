@@ -40,15 +40,15 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 bench: install
-	$(PY) -m inference.bench
+	$(PY) -m bench
 
 bench-multiturn: install
-	$(PY) -m inference.bench multiturn
+	$(PY) -m bench multiturn
 
 # make bench-serve URL=http://127.0.0.1:8000 API_KEY=... [BENCH_ARGS="--workload prefix"]
 URL ?= http://127.0.0.1:8000
 bench-serve: install
-	$(PY) -m inference.bench serve --url $(URL) --api-key "$(API_KEY)" $(BENCH_ARGS)
+	$(PY) -m bench serve --url $(URL) --api-key "$(API_KEY)" $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -6,7 +6,7 @@ Each kernel goes through Triton's whole pipeline (TTIR, TTGIR, LLVM IR, PTX) and
 ptxas into a cubin, for the dtypes and shapes the engine launches. The interpreter
 tests (TRITON_INTERPRET=1) check what the kernels compute; this checks that they
 lower for real GPUs, which the interpreter doesn't (tl.dot's operand sizes, layouts,
-shared memory). Running them on a GPU is `python -m kernels.bench`.
+shared memory). Running them on a GPU is `python -m bench kernels-cuda`.
 """
 
 from __future__ import annotations

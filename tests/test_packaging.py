@@ -7,7 +7,7 @@ import pytest
 OUR_DISTRIBUTION = "prefixchat"
 
 
-@pytest.mark.parametrize("package", ["chatapp", "inference", "kernels"])
+@pytest.mark.parametrize("package", ["chatapp", "inference", "kernels", "bench"])
 def test_no_other_distribution_provides_our_top_level_package(package: str) -> None:
     # A dependency that installs a module of the same name is shadowed by ours (or
     # shadows it), and code importing the other one breaks in confusing ways.

@@ -6,9 +6,9 @@ template), so it takes seconds. Timings are never asserted: they are noise here.
 
 import json
 
-from inference import bench
-from inference.bench import engine as bench_engine
-from inference.bench.workloads import Sizes
+import bench
+from bench import engine as bench_engine
+from bench.workloads import Sizes
 
 # The smallest workload that still walks every code path: two decode batch sizes,
 # and a chat whose turn 2 can hit turn 1's full blocks.

@@ -1,6 +1,6 @@
 """The engine benchmark: our engine against transformers on the same weights and prompts.
 
-    python -m inference.bench [engine] [--quick] [--dtype bfloat16|float32] [--out PATH]
+    python -m bench [engine] [--quick] [--dtype bfloat16|float32] [--out PATH]
                                        [--threads N] [--model PATH] [--rounds N]
 
 Prints one JSON document and writes it (default bench-results/engine.json):
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from inference.bench.workloads import (
+from bench.workloads import (
     FULL,
     QUICK,
     Sizes,
@@ -434,7 +434,7 @@ def run_bench(
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m inference.bench",
+        prog="python -m bench",
         description=__doc__.split("\n")[0],
         epilog="Subcommands: serve, multiturn, plot (each takes --help).",
     )

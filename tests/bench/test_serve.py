@@ -1,4 +1,4 @@
-"""`python -m inference.bench serve` against a live daphne of our app, serving the
+"""`python -m bench serve` against a live daphne of our app, serving the
 2-layer random model of conftest.py (SmolLM2's tokenizer and chat template): two
 conversations of two turns, a few tokens each. Behaviour only: the result has its
 fields, and turn 2 is served partly from the prefix cache."""
@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from inference import bench
+import bench
 from tests.chatapp.e2e.conftest import PYTHON, ROOT, start_live_server, stop_live_server
 
 

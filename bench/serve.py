@@ -1,6 +1,6 @@
 """Benchmark any OpenAI-compatible chat server (ours, vLLM, SGLang, Ollama, ...).
 
-    python -m inference.bench serve --url http://127.0.0.1:8000 --api-key KEY \\
+    python -m bench serve --url http://127.0.0.1:8000 --api-key KEY \\
         [--model M] [--workload multiturn|prefix|random | --conversations FILE.jsonl] \\
         [--num-conversations 16] [--turns 6] [--system-tokens 512] [--user-tokens 60] \\
         [--reply-tokens 64] [--concurrency N] [--out bench-results/serve.json] [--plot PNG]
@@ -32,9 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-from inference.bench import conversations as wl
-from inference.bench.metrics import RequestRecord, by_turn, cacheable_tokens, summarize
-from inference.bench.report import plot_ttft_by_turn, summary_table
+from bench import conversations as wl
+from bench.metrics import RequestRecord, by_turn, cacheable_tokens, summarize
+from bench.report import plot_ttft_by_turn, summary_table
 from inference.config import DEFAULT_MODEL
 
 DEFAULT_OUT = Path("bench-results/serve.json")
@@ -249,7 +249,7 @@ async def bench(args: argparse.Namespace) -> dict:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m inference.bench serve",
+        prog="python -m bench serve",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n", 2)[2],

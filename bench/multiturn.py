@@ -1,7 +1,7 @@
 """The multi-turn chat workload in-process: our engine with prefix caching, without it,
 and transformers' `generate`, on the same prompt token ids, in one run.
 
-    python -m inference.bench multiturn [--quick] [--dtype bfloat16|float32] [--threads N]
+    python -m bench multiturn [--quick] [--dtype bfloat16|float32] [--threads N]
         [--model PATH] [--out bench-results/multiturn.json] [--plot bench-results/multiturn.png]
         [--num-conversations N] [--turns T] [--system-tokens S] [--user-tokens U]
         [--reply-tokens R] [--conversations FILE.jsonl] [--concurrency C]
@@ -45,15 +45,15 @@ from pathlib import Path
 
 import torch
 
-from inference.bench import conversations as wl
-from inference.bench.engine import (
+from bench import conversations as wl
+from bench.engine import (
     greedy,
     hf_generate,
     load_hf_model,
     pad_token_id,
     time_to_first_token,
 )
-from inference.bench.metrics import (
+from bench.metrics import (
     RequestRecord,
     by_turn,
     cacheable_from,
@@ -62,8 +62,8 @@ from inference.bench.metrics import (
     stats,
     summarize,
 )
-from inference.bench.report import plot_ttft_by_turn, summary_table
-from inference.bench.workloads import chat_prompt_ids, next_turn_ids
+from bench.report import plot_ttft_by_turn, summary_table
+from bench.workloads import chat_prompt_ids, next_turn_ids
 from inference.config import DEFAULT_MODEL, EngineConfig
 from inference.llm_engine import LLMEngine
 from inference.sampling_params import InvalidRequestError
@@ -641,7 +641,7 @@ def report(result: dict) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m inference.bench multiturn",
+        prog="python -m bench multiturn",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n", 2)[2],

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from kernels import bench_cpu, cpu_kernels
+from bench import kernels_cpu as bench_cpu
+from kernels import cpu_kernels
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="needs AVX512-BF16 and a C compiler")

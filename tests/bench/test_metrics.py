@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from inference import bench
-from inference.bench import conversations as wl
-from inference.bench import serve as bench_serve
-from inference.bench.metrics import (
+import bench
+from bench import conversations as wl
+from bench import serve as bench_serve
+from bench.metrics import (
     RequestRecord,
     by_turn,
     cacheable_from,

@@ -1,4 +1,4 @@
-"""`python -m kernels.bench`, the GPU timing script, run end to end on the CPU with
+"""`python -m bench kernels-cuda`, the GPU timing script, run end to end on the CPU with
 Triton interpreted: every case is timed and checked against the reference."""
 
 import json
@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import bench  # noqa: E402
+from bench import kernels_cuda as bench  # noqa: E402
 
 
 def test_the_gpu_script_runs_every_case_on_the_cpu(tmp_path):

@@ -1,6 +1,6 @@
 """Human-readable output of the chat benchmarks: a summary table and a PNG of TTFT by turn.
 
-    python -m inference.bench plot A.json [B.json ...] --out ttft.png [--label NAME ...]
+    python -m bench plot A.json [B.json ...] --out ttft.png [--label NAME ...]
 
 overlays the TTFT-by-turn curves of several `serve` or `multiturn` result files
 (for example our server with the cache on, then off, then another server).
@@ -114,7 +114,7 @@ def series_of(result: dict, label: str) -> dict[str, list[dict]]:
 
 
 def main(argv: list[str] | None = None) -> Path | None:
-    p = argparse.ArgumentParser(prog="python -m inference.bench plot", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench plot", description=__doc__)
     p.add_argument("results", nargs="+", type=Path, help="JSON files of serve or multiturn runs")
     p.add_argument("--out", type=Path, default=Path("bench-results/ttft-by-turn.png"))
     p.add_argument("--label", action="append", default=[], help="one per file, in order")

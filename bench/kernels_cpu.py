@@ -1,7 +1,7 @@
 """Time the compiled CPU kernels (kernels/cpu_kernels) against the torch ops they
 replace, on shapes of SmolLM2 (9 query heads, 3 KV heads, dim 64), bf16:
 
-    python -m kernels.bench_cpu [--out bench-results/kernels-cpu.json] [--rounds 5]
+    python -m bench kernels-cpu [--out bench-results/kernels-cpu.json] [--rounds 5]
 
 - decode: one query per sequence over its paged context; the C kernel reading K/V
   in place, against gathering the blocks and one padded flash call;
@@ -11,7 +11,7 @@ replace, on shapes of SmolLM2 (9 query heads, 3 KV heads, dim 64), bf16:
 
 Each round times both sides back to back; the figures are per-case medians over
 rounds, in microseconds per call (one layer, or one norm). Per-call times, not
-per-token ones: the engine benchmark (python -m inference.bench) gives those.
+per-token ones: the engine benchmark (python -m bench) gives those.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def time_rms_norm(rows: int, dim: int, iters: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench kernels-cpu", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-results/kernels-cpu.json")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=30)

@@ -1,4 +1,4 @@
-"""Workloads for `python -m inference.bench`: sizes, prompt token ids, a long chat.
+"""Workloads for `python -m bench`: sizes, prompt token ids, a long chat.
 
 Prompts are slices of real English (the standard library's docstrings), not
 random ids: random ids give the model no structure, and a repeated text would

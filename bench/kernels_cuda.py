@@ -1,6 +1,6 @@
 """Time the attention kernels on CUDA: Triton vs the torch reference vs SDPA.
 
-    python -m kernels.bench [--out bench-results/kernels.json] [--skip-tests] [--quick]
+    python -m bench kernels-cuda [--out bench-results/kernels.json] [--skip-tests] [--quick]
 
 Runs the kernel tests first (natively, not interpreted), then times decode and
 prefill-over-cache batches shaped like SmolLM2 (9 query heads, 3 KV heads, dim 64),
@@ -85,7 +85,7 @@ def _time_ms(fn, iters: int, device: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench kernels-cuda", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-results/kernels.json")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, few iterations")

@@ -1,11 +1,11 @@
-"""Smoke test of `python -m inference.bench multiturn` on the 2-layer random model: every
+"""Smoke test of `python -m bench multiturn` on the 2-layer random model: every
 system and figure is reported, and the cache figures obey their ceilings. Timings are
 never asserted."""
 
 import json
 
-from inference import bench
-from inference.bench import multiturn as bench_multiturn
+import bench
+from bench import multiturn as bench_multiturn
 
 MICRO = bench_multiturn.ChatSizes(
     conversations=2,

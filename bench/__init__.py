@@ -1,0 +1,36 @@
+"""Benchmarks: commands that print numbers and write JSON (and PNG plots).
+
+    python -m bench [engine] ...        our engine against transformers:
+                                        prefill, decode at 1 and 32, two turns
+    python -m bench multiturn [--quick] the chat workload in-process: our engine
+                                        with and without prefix caching, and
+                                        transformers' generate
+    python -m bench serve --url URL     the chat workloads against any
+                                        OpenAI-compatible server over HTTP
+    python -m bench plot A.json B.json  TTFT by turn of several runs in one PNG
+    python -m bench kernels-cpu         the C kernels against the torch ops they replace
+    python -m bench kernels-cuda        the Triton kernels on a CUDA device
+
+Each subcommand takes --help.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "engine": "bench.engine",
+    "serve": "bench.serve",
+    "multiturn": "bench.multiturn",
+    "plot": "bench.report",
+    "kernels-cpu": "bench.kernels_cpu",
+    "kernels-cuda": "bench.kernels_cuda",
+}
+
+
+def main(argv: list[str] | None = None):
+    """Run a subcommand (the engine benchmark when none is named); returns its result."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else "engine"
+    return importlib.import_module(SUBCOMMANDS[name]).main(argv)

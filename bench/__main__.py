@@ -1,0 +1,3 @@
+from bench import main
+
+main()

@@ -1,3 +1,0 @@
-from inference.bench import main
-
-main()
