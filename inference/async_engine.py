@@ -57,21 +57,24 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request; leaving the loop early aborts it.
 
-        Raises InvalidRequestError at once (before any output) for a bad request.
+        Raises InvalidRequestError (before any output) for a bad request. The request is
+        only queued here: encoding and every check run on the step thread, in
+        LLMEngine.add_request, which owns the engine's limits and state.
         """
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
-        ids = self.engine.encode(prompt)
-        self.engine.validate(request_id, ids, params)
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
         stream = _Stream(asyncio.get_running_loop(), params.n)
         self._streams[request_id] = stream
-        self._send(("add", request_id, ids, params, cache_salt, time.monotonic()))
+        self._send(("add", request_id, prompt, params, cache_salt, time.monotonic()))
         finished = False
         try:
             while stream.done < stream.n:
                 out = await stream.queue.get()
+                if isinstance(out, InvalidRequestError):
+                    finished = True  # refused: the engine never took it
+                    raise out
                 if out.finished:
                     stream.done += 1
                 yield out
@@ -126,19 +129,30 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if cmd[0] == "add":
-                _, rid, ids, params, salt, arrival = cmd
+                _, rid, prompt, params, salt, arrival = cmd
                 if rid not in self._streams:
                     continue  # the caller left before we started
                 try:
-                    self.engine.add_request(rid, ids, params, salt, arrival)
+                    self.engine.add_request(rid, prompt, params, salt, arrival)
+                except InvalidRequestError as exc:
+                    self._refuse(rid, exc)
                 except Exception as exc:
+                    log.exception("adding request %s failed", rid)
                     self._deliver([
-                        self._error_output(rid, i, ids, str(exc)) for i in range(params.n)
+                        self._error_output(rid, i, [], str(exc)) for i in range(params.n)
                     ])
             elif cmd[0] == "abort":
                 self._deliver(self.engine.abort(cmd[1]))
             elif cmd[0] == "reset":
                 self.engine.reset_prefix_cache()
+
+    def _refuse(self, rid: str, exc: InvalidRequestError) -> None:
+        stream = self._streams.get(rid)
+        if stream is not None:
+            try:
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, exc)
+            except RuntimeError:  # the caller's event loop is gone
+                self._streams.pop(rid, None)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

@@ -237,3 +237,35 @@ def test_greedy_takes_the_first_maximum_in_the_logits_own_dtype():
     seqs = [Sequence(i, "r", 0, [1], SamplingParams(temperature=0.0)) for i in range(3)]
     assert sample(logits, seqs) == [7, 49, 0]
     assert sample(logits, seqs) == logits.float().argmax(-1).tolist()
+
+
+def test_async_engine_checks_requests_on_its_step_thread_only(make_engine, monkeypatch):
+    """The caller's thread only enqueues: encoding and every check run where the engine's
+    state lives, and a refusal still reaches the caller as InvalidRequestError."""
+    import threading
+
+    llm = make_engine()
+    checked_on: list[str] = []
+    validate = llm.validate
+
+    def spy(*args, **kwargs):
+        checked_on.append(threading.current_thread().name)
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(llm, "validate", spy)
+    engine = AsyncEngine(engine=llm)
+
+    async def scenario():
+        too_long = rand_ids(llm.max_model_len + 1, 3)
+        with pytest.raises(InvalidRequestError) as refused:
+            async for _ in engine.generate(too_long, SamplingParams(max_tokens=1)):
+                pass
+        assert refused.value.code == "context_length_exceeded"
+        outs = [o async for o in engine.generate("Hello", SamplingParams(max_tokens=2))]
+        assert outs[-1].finished
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.shutdown()
+    assert checked_on and set(checked_on) == {"engine-step"}
