@@ -51,6 +51,47 @@ class DecodeBatch:
 
 
 @dataclass
+class PrefillBatch:
+    """Short prefill chunks of several sequences (each possibly over a cached prefix),
+    padded to one shape for a single attention call: B chunks of at most n_max
+    queries over at most max_len keys."""
+
+    rows: list[int]  # which sequences
+    query_idx: torch.Tensor  # [B * n_max] each padded query's token in the flat batch
+    valid: torch.Tensor  # [B * n_max] bool: a real query, not padding
+    tables: torch.Tensor  # [B, max_blocks] their block tables, cut to the longest context
+    lens: torch.Tensor  # [B] int64 their context lengths
+    query_lens: torch.Tensor  # [B] int64 their chunk lengths
+    n_max: int
+    max_len: int
+    _masks: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @cached_property
+    def out_idx(self) -> torch.Tensor:
+        """The flat-batch tokens of the real queries, in padded order."""
+        return self.query_idx[self.valid]
+
+    def mask(self, group: int, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask [B, 1, group * n_max, max_len], rows ordered (head of a KV
+        group, query) as _fold_groups folds them: query j of a chunk of n over L
+        keys sees keys 0 .. L - n + j; a padding query sees what the chunk's last
+        one sees (so no row is all -inf), and its output is dropped. Built once per
+        step and shared by every layer."""
+        key = (group, dtype)
+        if key not in self._masks:
+            device = self.lens.device
+            j = torch.arange(self.n_max, device=device)[None, :]
+            last = (self.lens - self.query_lens)[:, None] + torch.minimum(
+                j, self.query_lens[:, None] - 1
+            )  # [B, n_max]: the last key each query sees
+            hidden = torch.arange(self.max_len, device=device)[None, None, :] > last[:, :, None]
+            mask = torch.zeros(hidden.shape, dtype=dtype, device=device)
+            mask.masked_fill_(hidden, float("-inf"))
+            self._masks[key] = mask.repeat(1, group, 1)[:, None]
+        return self._masks[key]
+
+
+@dataclass
 class AttentionMetadata:
     """How the flat batch of query tokens maps onto sequences and KV blocks.
 
@@ -99,6 +140,39 @@ class AttentionMetadata:
             lens=torch.tensor(lens, dtype=torch.int64, device=device),
             max_len=max_len,
             all_rows=len(rows) == len(self.seq_lens),
+        )
+
+    def prefill_batches(self, block_size: int) -> list[PrefillBatch]:
+        """The short prefill chunks grouped for batched attention (see
+        group_short_prefills); empty when fewer than two would share a call."""
+        key = ("prefill", block_size)
+        if key not in self._derived:
+            groups = group_short_prefills(self.query_lens, self.seq_lens)
+            self._derived[key] = [self._build_prefill_batch(g, block_size) for g in groups]
+        return self._derived[key]
+
+    def _build_prefill_batch(self, rows: list[int], block_size: int) -> PrefillBatch:
+        device = self.block_tables.device
+        ns = [self.query_lens[i] for i in rows]
+        lens = [self.seq_lens[i] for i in rows]
+        n_max, max_len = max(ns), max(lens)
+        idx, valid = [], []
+        for i, n in zip(rows, ns, strict=True):
+            start = self.query_start_loc[i]
+            idx += list(range(start, start + n)) + [start] * (n_max - n)
+            valid += [True] * n + [False] * (n_max - n)
+        max_blocks = (max_len + block_size - 1) // block_size
+        return PrefillBatch(
+            rows=rows,
+            query_idx=torch.tensor(idx, device=device),
+            valid=torch.tensor(valid, device=device),
+            tables=self.block_tables.index_select(0, torch.tensor(rows, device=device))[
+                :, :max_blocks
+            ],
+            lens=torch.tensor(lens, dtype=torch.int64, device=device),
+            query_lens=torch.tensor(ns, dtype=torch.int64, device=device),
+            n_max=n_max,
+            max_len=max_len,
         )
 
     def chunk_mask(self, n: int, group: int, dtype: torch.dtype) -> torch.Tensor:
@@ -170,6 +244,10 @@ def paged_attention(
         return _decode_attention(query, k_cache, v_cache, decode, scale).to(query.dtype)
     out = torch.empty_like(query)
     batched = set(decode.rows) if decode else set()
+    for p in meta.prefill_batches(k_cache.shape[1]):
+        o = _prefill_batch_attention(query, k_cache, v_cache, p, scale)
+        out.index_copy_(0, p.out_idx, o.to(out.dtype))
+        batched.update(p.rows)
     num_heads = query.shape[1]
     group = num_heads // k_cache.shape[2]
     for i, n in enumerate(meta.query_lens):
@@ -208,6 +286,88 @@ def paged_attention(
         o = _decode_attention(rows, k_cache, v_cache, decode, scale)
         out.index_copy_(0, decode.token_idx, o.to(out.dtype))
     return out
+
+
+# Short prefill chunks of several sequences attend in one call, padded to the
+# longest chunk and context of their group, rather than one call (and one gather)
+# per sequence per layer: at 32 prompts of 16 tokens the per-call overheads were most
+# of the attention's time. A chunk batches when it has at most _BATCH_MAX_QUERY
+# tokens over at most _BATCH_MAX_LEN keys, and a group is cut where padding would
+# more than double its work (queries x keys); a longer chunk gains little from
+# sharing a call, and keeps its own path (on CPUs without AMX, the C softmax).
+_BATCH_MAX_QUERY = 32
+_BATCH_MAX_LEN = 1024
+_BATCH_MAX_PADDING = 2.0
+
+
+def group_short_prefills(query_lens: list[int], seq_lens: list[int]) -> list[list[int]]:
+    """The prefill chunks (more than one query token) short enough to batch, in
+    groups of similar context length whose padded work stays within
+    _BATCH_MAX_PADDING of their real work; groups of one are left out."""
+    short = sorted(
+        (
+            i
+            for i, n in enumerate(query_lens)
+            if 1 < n <= _BATCH_MAX_QUERY and seq_lens[i] <= _BATCH_MAX_LEN
+        ),
+        key=lambda i: seq_lens[i],
+    )
+    groups: list[list[int]] = []
+    group: list[int] = []
+    n_max = real = 0
+    for i in short:
+        n, length = query_lens[i], seq_lens[i]
+        # Sorted by context length, so this one's is the group's longest.
+        padded = (len(group) + 1) * max(n_max, n) * length
+        if group and padded > _BATCH_MAX_PADDING * (real + n * length):
+            groups.append(group)
+            group, n_max, real = [], 0, 0
+        group.append(i)
+        n_max, real = max(n_max, n), real + n * length
+    groups.append(group)
+    return [g for g in groups if len(g) > 1]
+
+
+def _prefill_batch_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    p: PrefillBatch,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of several short chunks, each over its cached prefix and
+    itself, in one call; returns [real queries, H, D] in p.out_idx's order.
+
+    K/V are gathered by block table into [B, kv_heads, max_len, D] views (as for
+    decodes), the heads of a KV group are folded into its query rows, and the
+    per-sequence mask (PrefillBatch.mask) hides each chunk's future and padding.
+    Where a single chunk would hold its scores whole (CPU, bf16 without AMX) so do
+    these: two batched matmuls around a softmax; otherwise one flash call."""
+    b = p.tables.shape[0]
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    heads = query.shape[1]
+    group = heads // kv_heads
+    blocks = p.tables.reshape(-1)
+    k = k_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : p.max_len]
+    v = v_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : p.max_len]
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, kv, L, D]
+    q = query.index_select(0, p.query_idx).view(b, p.n_max, kv_heads, group, head_dim)
+    q = q.permute(0, 2, 3, 1, 4).reshape(b, kv_heads, group * p.n_max, head_dim)
+    mask = p.mask(group, k.dtype)
+    held_whole = (
+        query.is_cpu
+        and k.dtype in _HELD_WHOLE_DTYPES
+        and b * heads * p.n_max * p.max_len <= _MAX_SCORES
+    )
+    if held_whole:
+        # As _attend_held_whole: scores in the model's dtype, an fp32 softmax.
+        scores = torch.matmul((q * scale).to(k.dtype), k.transpose(-1, -2))
+        scores.add_(mask)
+        o = torch.matmul(torch.softmax(scores, dim=-1), v)
+    else:
+        o = _flash(q.to(k.dtype), k, v, mask, scale)
+    o = o.view(b, kv_heads, group, p.n_max, head_dim).permute(0, 3, 1, 2, 4)
+    return o.reshape(b * p.n_max, heads, head_dim)[p.valid]
 
 
 # Torch's CPU flash kernel; it also returns the log-sum-exp of every row.

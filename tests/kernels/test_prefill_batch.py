@@ -1,0 +1,123 @@
+"""Short prefill chunks of several sequences attend in one batched call: the same
+attention as one call per sequence and as dense causal attention, over ragged
+chunk and context lengths, with and without cached prefixes, with grouped-query
+heads, on both CPU paths (scores held whole, flash)."""
+
+import pytest
+import torch
+
+import kernels.attention as attention
+from kernels.attention import (
+    AttentionMetadata,
+    group_short_prefills,
+    paged_attention,
+    store_kvcache,
+)
+from tests.kernels.test_attention import dense_attention
+
+# (context length, query tokens).
+PROMPTS = [(16, 16)] * 5 + [(3, 3), (11, 11), (17, 17), (2, 2)]  # whole prompts, ragged
+OVER_PREFIX = [(40, 7), (21, 5), (64, 16), (33, 2), (50, 30), (18, 9)]  # chunks over a cache
+MIXED = OVER_PREFIX + PROMPTS + [(29, 1), (7, 1)] + [(300, 40), (900, 20)]  # decodes, long
+
+
+def build_step(shapes, num_heads, num_kv_heads, head_dim, dtype, bs=4, num_blocks=1024):
+    """A paged cache holding each sequence's cached part and a step's metadata for
+    its new tokens, stored as the model would; returns what paged_attention takes
+    plus the dense K/V and queries for the reference."""
+    torch.manual_seed(len(shapes) + head_dim)
+    k_cache = torch.zeros(num_blocks, bs, num_kv_heads, head_dim, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    perm = torch.randperm(num_blocks).tolist()
+    tables, ks, vs, queries, slots, qsl, lens = [], [], [], [], [], [0], []
+    for length, n in shapes:
+        table = [perm.pop() for _ in range(-(-length // bs))]
+        k = torch.randn(length, num_kv_heads, head_dim, dtype=dtype)
+        v = torch.randn(length, num_kv_heads, head_dim, dtype=dtype)
+        for pos in range(length - n):
+            k_cache[table[pos // bs], pos % bs] = k[pos]
+            v_cache[table[pos // bs], pos % bs] = v[pos]
+        tables.append(table)
+        ks.append(k)
+        vs.append(v)
+        queries.append(torch.randn(n, num_heads, head_dim, dtype=dtype))
+        slots += [table[p // bs] * bs + p % bs for p in range(length - n, length)]
+        qsl.append(qsl[-1] + n)
+        lens.append(length)
+    width = max(map(len, tables))
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    meta = AttentionMetadata(torch.tensor(slots), bt, qsl, lens)
+    new_k = torch.cat([k[L - n :] for k, (L, n) in zip(ks, shapes, strict=True)])
+    new_v = torch.cat([v[L - n :] for v, (L, n) in zip(vs, shapes, strict=True)])
+    store_kvcache(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
+    return torch.cat(queries), k_cache, v_cache, meta, (queries, ks, vs)
+
+
+def spy(monkeypatch, name):
+    calls = []
+    real = getattr(attention, name)
+    monkeypatch.setattr(attention, name, lambda *a: calls.append(a) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("shapes", [PROMPTS, OVER_PREFIX, MIXED], ids=["prompts", "prefix", "mixed"])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("scores", ["held-whole", "flash"])
+@pytest.mark.parametrize("head_dim", [8, 64])
+def test_batched_matches_per_sequence_and_dense(
+    shapes, num_heads, num_kv_heads, dtype, tol, scores, head_dim, monkeypatch
+):
+    held = {torch.float32, torch.bfloat16} if scores == "held-whole" else set()
+    monkeypatch.setattr(attention, "_HELD_WHOLE_DTYPES", held)
+    q, k_cache, v_cache, meta, (queries, ks, vs) = build_step(
+        shapes, num_heads, num_kv_heads, head_dim, dtype
+    )
+    scale = head_dim**-0.5
+    calls = spy(monkeypatch, "_prefill_batch_attention")
+    batched = paged_attention(q, k_cache, v_cache, meta, scale)
+    assert calls, "the short chunks should share a call"
+    taken = len(calls)
+    monkeypatch.setattr(attention, "_BATCH_MAX_QUERY", 0)  # one call per sequence
+    fresh = AttentionMetadata(meta.slot_mapping, meta.block_tables, meta.query_start_loc,
+                              meta.seq_lens)
+    per_seq = paged_attention(q, k_cache, v_cache, fresh, scale)
+    assert len(calls) == taken
+    qsl = meta.query_start_loc
+    for i, (length, n) in enumerate(shapes):
+        ref = dense_attention(queries[i].float(), ks[i].float(), vs[i].float(), scale)
+        got = batched[qsl[i] : qsl[i + 1]].float()
+        assert (got - ref).abs().max().item() < tol, (length, n)
+        assert (got - per_seq[qsl[i] : qsl[i + 1]].float()).abs().max().item() < tol, (length, n)
+
+
+def test_thirty_two_short_prompts_take_one_call_per_layer(monkeypatch):
+    q, k_cache, v_cache, meta, _ = build_step([(16, 16)] * 32, 9, 3, 64, torch.float32)
+    batched = spy(monkeypatch, "_prefill_batch_attention")
+    single = spy(monkeypatch, "_attend_over_prefix")
+    held = spy(monkeypatch, "_attend_held_whole")
+    for _ in range(3):  # layers share the step's metadata
+        paged_attention(q, k_cache, v_cache, meta, 0.125)
+    assert len(batched) == 3 and not single and not held
+    assert len(meta.prefill_batches(k_cache.shape[1])) == 1
+
+
+def test_long_chunks_keep_their_own_path(monkeypatch):
+    shapes = [(600, 40), (700, 80), (2000, 16), (16, 16)]
+    q, k_cache, v_cache, meta, _ = build_step(shapes, 4, 2, 8, torch.float32)
+    assert meta.prefill_batches(4) == []
+    calls = spy(monkeypatch, "_prefill_batch_attention")
+    paged_attention(q, k_cache, v_cache, meta, 0.3)
+    assert calls == []
+
+
+def test_groups_are_cut_where_padding_would_double_the_work():
+    # Equal prompts: one group. Decodes and long chunks: never batched.
+    assert group_short_prefills([16] * 4, [16] * 4) == [[0, 1, 2, 3]]
+    assert group_short_prefills([1, 1, 16], [9, 9, 16]) == []
+    assert group_short_prefills([16, 40], [16, 40]) == []
+    # A short prompt and a short chunk over a long history go to different groups.
+    groups = group_short_prefills([16, 16, 8, 8], [16, 16, 900, 880])
+    assert sorted(map(sorted, groups)) == [[0, 1], [2, 3]]
+    # Alone in its group: per-sequence.
+    assert group_short_prefills([16, 16, 8], [16, 16, 900]) == [[0, 1]]
