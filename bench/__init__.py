@@ -9,6 +9,8 @@
                                         OpenAI-compatible server over HTTP
     python -m bench plot A.json B.json  TTFT by turn of several runs in one PNG
     python -m bench kernels-cpu         the C kernels against the torch ops they replace
+    python -m bench prefill-batch       32 short prompts in one step: attention batched
+                                        or per sequence, and transformers' padded batch
     python -m bench kernels-cuda        the Triton kernels on a CUDA device
 
 Each subcommand takes --help.
@@ -25,6 +27,7 @@ SUBCOMMANDS = {
     "multiturn": "bench.multiturn",
     "plot": "bench.report",
     "kernels-cpu": "bench.kernels_cpu",
+    "prefill-batch": "bench.prefill_batch",
     "kernels-cuda": "bench.kernels_cuda",
 }
 
