@@ -12,6 +12,8 @@
     python -m bench prefill-batch       32 short prompts in one step: attention batched
                                         or per sequence, and transformers' padded batch
     python -m bench kernels-cuda        the Triton kernels on a CUDA device
+    python -m bench llamacpp build|compare  llama.cpp's llama-server built here, and
+                                        our server against it on the same workloads
 
 Each subcommand takes --help.
 """
@@ -29,6 +31,7 @@ SUBCOMMANDS = {
     "kernels-cpu": "bench.kernels_cpu",
     "prefill-batch": "bench.prefill_batch",
     "kernels-cuda": "bench.kernels_cuda",
+    "llamacpp": "bench.llamacpp",
 }
 
 
