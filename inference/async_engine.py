@@ -7,6 +7,7 @@ so the event loop never waits for a step to finish.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import queue
@@ -32,6 +33,30 @@ class _Stream:
         self.done = 0
 
 
+class _Prewarm:
+    """One prewarm call: resolved with the number of blocks restored (0 if skipped)."""
+
+    __slots__ = ("loop", "future", "key", "cancelled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, key):
+        self.loop = loop
+        self.future: asyncio.Future[int] = loop.create_future()
+        self.key = key
+        self.cancelled = False
+
+    def resolve(self, result: int | BaseException) -> None:
+        def put():
+            if self.future.done():
+                return
+            if isinstance(result, BaseException):
+                self.future.set_exception(result)
+            else:
+                self.future.set_result(result)
+
+        with contextlib.suppress(RuntimeError):  # RuntimeError: the caller's loop is gone
+            self.loop.call_soon_threadsafe(put)
+
+
 class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):
         self.engine = engine or LLMEngine(config)
@@ -44,6 +69,8 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
         self._stopped = False
+        # The newest prewarm per key: an older one still queued is superseded.
+        self._prewarms: dict = {}
         self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
         self._thread.start()
 
@@ -84,6 +111,30 @@ class AsyncEngine:
                 self.abort(request_id)
             self._streams.pop(request_id, None)
 
+    async def prewarm(
+        self,
+        prompt: str | Sequence[int],
+        cache_salt: str | None = None,
+        max_blocks: int = 64,
+        key=None,
+    ) -> int:
+        """Bring a prompt's blocks back from the host/disk tier into the pool ahead of its
+        next request (LLMEngine.prewarm); returns how many blocks were restored.
+
+        Queued like a request and run by the step thread between steps. It does nothing
+        (returns 0) when a later prewarm with the same key (default: the cache salt) was
+        queued before it ran, when requests are waiting for the engine, or when the
+        caller stopped awaiting it.
+        """
+        key = cache_salt if key is None else key
+        job = _Prewarm(asyncio.get_running_loop(), key)
+        self._prewarms[key] = job
+        self._send(("prewarm", job, prompt, cache_salt, max_blocks))
+        try:
+            return await job.future
+        finally:
+            job.cancelled = True
+
     def abort(self, request_id: str) -> None:
         """Stop a request (thread-safe); its stream, if any, gets a final 'abort' output."""
         self._send(("abort", request_id))
@@ -98,6 +149,8 @@ class AsyncEngine:
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.engine.close()
 
     def _send(self, cmd: tuple) -> None:
         self._commands.put(cmd)
@@ -108,6 +161,7 @@ class AsyncEngine:
         while not self._stopped:
             self._apply_commands()
             if not self.engine.has_unfinished_requests():
+                self._persist_some()
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
@@ -145,6 +199,31 @@ class AsyncEngine:
                 self._deliver(self.engine.abort(cmd[1]))
             elif cmd[0] == "reset":
                 self.engine.reset_prefix_cache()
+            elif cmd[0] == "prewarm":
+                self._prewarm(*cmd[1:])
+
+    def _persist_some(self) -> None:
+        """While idle, write a few cached blocks to kv_dir, so a restart (or a crash)
+        loses little of what the pool holds."""
+        try:
+            self.engine.persist_kv(max_blocks=16)
+        except Exception:
+            log.exception("writing KV blocks to disk failed")
+
+    def _prewarm(self, job: _Prewarm, prompt, salt: str | None, max_blocks: int) -> None:
+        latest = self._prewarms.get(job.key) is job
+        if latest:
+            del self._prewarms[job.key]
+        if job.cancelled or not latest or self.engine.scheduler.waiting:
+            job.resolve(0)  # superseded, abandoned, or the engine has work queued
+            return
+        try:
+            job.resolve(self.engine.prewarm(prompt, salt, max_blocks))
+        except InvalidRequestError as exc:
+            job.resolve(exc)
+        except Exception:  # a failed prewarm costs a later request a recompute, nothing more
+            log.exception("prewarm failed")
+            job.resolve(0)
 
     def _refuse(self, rid: str, exc: InvalidRequestError) -> None:
         stream = self._streams.get(rid)

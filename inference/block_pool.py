@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -23,7 +23,7 @@ ROOT_HASH = b"prefixchat-root"
 
 
 class Block:
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids", "from_tier")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
@@ -31,6 +31,8 @@ class Block:
         self.block_hash: bytes | None = None
         # The tokens the hash names, kept for checks and the dashboard.
         self.token_ids: tuple[int, ...] | None = None
+        # Copied back from the host/disk tier and not yet counted by a request's receipt.
+        self.from_tier = False
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
@@ -70,6 +72,9 @@ class BlockPool:
         # the other must stay findable.
         self.cached: dict[bytes, dict[int, Block]] = {}
         self.num_evictions = 0
+        # Called with a cached block about to lose its hash (its K/V still intact), so
+        # a lower tier can keep a copy (inference/kv_offload.py).
+        self.on_evict: Callable[[Block], None] | None = None
 
     # --- queries -------------------------------------------------------------
     @property
@@ -139,8 +144,11 @@ class BlockPool:
             self.num_evictions += 1
             if not holders:
                 del self.cached[b.block_hash]
+                if self.on_evict is not None:  # the last copy in the pool
+                    self.on_evict(b)
         b.block_hash = None
         b.token_ids = None
+        b.from_tier = False
 
     def reset_prefix_cache(self) -> int:
         """Forget every hash; returns how many blocks were cached. Running requests go on."""
@@ -148,5 +156,6 @@ class BlockPool:
         for b in self.blocks:
             b.block_hash = None
             b.token_ids = None
+            b.from_tier = False
         self.cached.clear()
         return n

@@ -45,6 +45,17 @@ class EngineConfig:
     pack_weights: bool = True
     # Label used for metrics and the dashboard ("web", "worker@host").
     engine_id: str = "embedded"
+    # Host-memory KV tier under the pool (inference/kv_offload.py): evicted cached blocks
+    # are copied here and copied back on a later hit instead of being recomputed. Off (0)
+    # by default: on CPU the pool already lives in host memory, so the same bytes given
+    # to kv_cache_memory_bytes serve hits with no copy; on a GPU, where the pool is
+    # scarce device memory, 1 GiB or more of host memory holds ~3,000 SmolLM2 blocks.
+    kv_offload_bytes: int = 0
+    # A directory that keeps the tier on disk across restarts (None: memory only), at
+    # most kv_dir_bytes of it. With kv_dir set the tier is on even if kv_offload_bytes is 0
+    # (then every restore reads the disk).
+    kv_dir: str | None = None
+    kv_dir_bytes: int = 4 * 1024**3
 
     def __post_init__(self) -> None:
         if self.dtype == "auto":
@@ -59,6 +70,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.dtype not in ("bfloat16", "float32", "float16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.kv_offload_bytes < 0 or self.kv_dir_bytes < 0:
+            raise ValueError("kv_offload_bytes and kv_dir_bytes must be >= 0")
         if self.hash_algorithm not in ("sha256", "xxhash"):
             raise ValueError(f"unsupported hash algorithm {self.hash_algorithm!r}")
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from inference.block_pool import Block, BlockPool, hash_block
+from inference.kv_offload import continue_in_tier
+from inference.miss_reason import PrefixHistory, disabled_record
 from inference.sequence import Sequence
 
 
@@ -23,6 +25,12 @@ class KVCacheManager:
         # Prefix-cache counters in tokens, as vLLM counts them.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.prefix_cache_hits_tier = 0  # of the hits, copied back from the host/disk tier
+        # What was ever computed, to say why a match ended (inference/miss_reason.py).
+        self.history = PrefixHistory(max(1 << 14, 8 * num_blocks), block_size, model_id,
+                                     hash_algorithm) if enable_caching else None
+        # The host/disk tier under the pool (inference/kv_offload.attach_tier), or None.
+        self.tier = None
 
     # --- hashing -------------------------------------------------------------
     def _extra_keys(self, seq: Sequence) -> tuple:
@@ -52,6 +60,8 @@ class KVCacheManager:
             if b is None:
                 break
             hits.append(b)
+        if self.tier is not None and len(hits) < max_blocks:
+            hits = continue_in_tier(self, seq, hits, max_blocks)
         return hits
 
     def _blocks_for(self, num_tokens: int) -> int:
@@ -67,6 +77,13 @@ class KVCacheManager:
         """Give a waiting sequence its hit blocks and fresh ones for its first chunk."""
         assert not seq.block_table
         self.pool.touch(hits)
+        tier_blocks = sum(1 for b in hits if b.from_tier)
+        for b in hits:
+            b.from_tier = False  # counted once, by the request that first uses it
+        self.prefix_cache_hits_tier += tier_blocks * self.block_size
+        if seq.num_cached_tokens is None:  # the receipt of its first admission
+            seq.prefix_cache = disabled_record() if self.history is None else self.history.explain(
+                seq, len(hits), (seq.num_tokens - 1) // self.block_size, tier_blocks, self.tier)
         seq.block_table = [b.block_id for b in hits]
         seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_cached_blocks = len(hits)
@@ -99,6 +116,8 @@ class KVCacheManager:
         for i in range(seq.num_cached_blocks, full):
             block = self.pool.blocks[seq.block_table[i]]
             self.pool.cache_block(block, seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs])
+        if self.history is not None and full > seq.num_cached_blocks:
+            self.history.record_computed(seq, seq.num_cached_blocks, full)
         seq.num_cached_blocks = max(seq.num_cached_blocks, full)
 
     def free(self, seq: Sequence) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Sequence as Seq
 from inference.config import EngineConfig
 from inference.detokenizer import detokenize_incrementally, find_stop_string
 from inference.kv_cache_manager import KVCacheManager
+from inference.kv_offload import attach_tier, build_tier, prewarm
 from inference.loader import load_weights, resolve_model_path
 from inference.metrics import EngineMetrics
 from inference.model_runner import ModelRunner
@@ -28,6 +29,13 @@ def _load_tokenizer_if_present(path):
     if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         return None
     return AutoTokenizer.from_pretrained(path)
+
+
+def _reason_label(record) -> str | None:
+    """A receipt's reason as one metric label: "evicted_pool", "evicted_tier", "cold", ..."""
+    if record is None:
+        return None
+    return f"{record.reason}_{record.evicted_from}" if record.evicted_from else record.reason
 
 
 class LLMEngine:
@@ -53,6 +61,10 @@ class LLMEngine:
             # Blocks are only reusable by the same weights in the same precision.
             model_id=f"{path.resolve()}:{config.dtype}",
         )
+        # The host/disk tier under the pool (None unless kv_offload_bytes or kv_dir).
+        self.kv_tier = build_tier(config, self.runner.kv_cache, self.kv.model_id)
+        if self.kv_tier is not None:
+            attach_tier(self.kv, self.kv_tier)
         self.scheduler = Scheduler(config, self.kv)
         self.eos_token_ids = self._eos_ids()
         self.requests: dict[str, list[Sequence]] = {}
@@ -209,6 +221,7 @@ class LLMEngine:
             cached_tokens=seq.num_cached_tokens or 0,
             ttft=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
             error=seq.error,
+            prefix_cache=seq.prefix_cache,
         )
 
     def _finish_output(self, seq: Sequence) -> RequestOutput:
@@ -229,6 +242,8 @@ class LLMEngine:
             "e2e": out.metrics["e2e"],
             "finish_reason": seq.finish_reason,
             "cache_salt_set": seq.cache_salt is not None,
+            "prefix_cache": None if seq.prefix_cache is None else seq.prefix_cache.as_dict(),
+            "prefix_cache_reason": _reason_label(seq.prefix_cache),
             "finished_at": time.time(),  # wall clock, to merge engines' lists
         })
         seqs = self.requests.get(seq.request_id, [])
@@ -254,7 +269,33 @@ class LLMEngine:
                     final[out.request_id][out.index] = out
         return [[final[rid][i] for i in sorted(final[rid])] for rid in ids]
 
+    def prewarm(self, prompt: str | Seq[int], cache_salt: str | None = None,
+                max_blocks: int = 64) -> int:
+        """Copy the prompt's blocks that sit in the host/disk tier back into the pool (as
+        cached free blocks) ahead of the request that will use them; at most max_blocks.
+        Returns how many blocks were restored (0 without a tier)."""
+        ids = self.encode(prompt)
+        if any(not isinstance(t, int) for t in ids):
+            raise InvalidRequestError("token ids must be integers", "prompt")
+        seq = Sequence(-1, "prewarm", 0, ids, SamplingParams(), cache_salt)
+        return prewarm(self.kv, seq, max_blocks)
+
+    def persist_kv(self, max_blocks: int | None = None) -> int:
+        """Write cached pool blocks to the tier's directory (kv_dir) so a restarted engine
+        finds them; at most max_blocks. Returns how many were written (0 without kv_dir)."""
+        return 0 if self.kv_tier is None else self.kv_tier.persist(self.kv.pool, max_blocks)
+
+    def close(self) -> None:
+        """Before the process ends: keep what the pool holds in kv_dir, if set."""
+        self.persist_kv()
+
     def reset_prefix_cache(self) -> int:
+        """Forget every cached block: the pool's hashes, the host/disk tier and the record
+        of what was computed (later misses read as cold)."""
+        if self.kv_tier is not None:
+            self.kv_tier.clear()
+        if self.kv.history is not None:
+            self.kv.history.clear()
         return self.kv.pool.reset_prefix_cache()
 
     def metrics_snapshot(self) -> dict:
@@ -277,6 +318,11 @@ class LLMEngine:
                 "kv_cache_usage": pool.num_used_blocks / pool.num_blocks,
                 "block_size": self.config.block_size,
                 "evictions": pool.num_evictions,
+                # Hits by where they were served from (tokens; they sum to prefix_cache_hits).
+                "prefix_cache_hits_pool": self.kv.prefix_cache_hits - self.kv.prefix_cache_hits_tier,
+                "prefix_cache_hits_tier": self.kv.prefix_cache_hits_tier,
+                "prefix_cache_miss_reasons": dict(m.prefix_cache_miss_reasons),
+                **(self.kv_tier.stats() if self.kv_tier is not None else {}),
                 "preemptions": self.scheduler.num_preemptions,
                 "num_running": len(self.scheduler.running),
                 "num_waiting": len(self.scheduler.waiting),

@@ -10,6 +10,9 @@ from collections import deque
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+# Copying one lookup's run of blocks back from the host/disk tier.
+RESTORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0)
 
@@ -52,6 +55,9 @@ class EngineMetrics:
         self.requests_finished = 0
         self.requests_failed = 0
         self.requests_aborted = 0
+        # Why each request's prefix match ended ("full", "evicted_pool", "evicted_tier",
+        # "cold", "salt", "disabled"): see inference/miss_reason.py.
+        self.prefix_cache_miss_reasons: dict[str, int] = {}
         # Recent finished requests: (prompt_tokens, cached_tokens, ttft).
         self.recent: deque[dict] = deque(maxlen=recent)
 
@@ -65,5 +71,8 @@ class EngineMetrics:
                 self.requests_failed += 1
             else:
                 self.requests_finished += 1
+            why = info.get("prefix_cache_reason")
+            if why is not None:
+                self.prefix_cache_miss_reasons[why] = self.prefix_cache_miss_reasons.get(why, 0) + 1
             if info.get("e2e") is not None:
                 self.e2e.observe(info["e2e"])

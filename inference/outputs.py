@@ -6,6 +6,20 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class PrefixCacheRecord:
+    """Where a prompt's prefix-cache match ended, and why (see inference/miss_reason.py)."""
+
+    matched_tokens: int  # prompt tokens served from cache (pool and host/disk tier)
+    tier_tokens: int  # of those, copied back from the host/disk tier
+    reason: str  # "full" | "evicted" | "cold" | "salt" | "disabled"
+    evicted_from: str | None = None  # when evicted: "pool" (not in the tier) or "tier"
+
+    def as_dict(self) -> dict:
+        return {"matched_tokens": self.matched_tokens, "tier_tokens": self.tier_tokens,
+                "reason": self.reason, "evicted_from": self.evicted_from}
+
+
+@dataclass
 class RequestOutput:
     """One sample's progress after a step (one per sample when n > 1)."""
 
@@ -21,4 +35,6 @@ class RequestOutput:
     cached_tokens: int  # prompt tokens served from the prefix cache
     ttft: float | None  # seconds from arrival to the first token
     error: str | None = None
+    # The prefix-cache receipt of the request's first admission (None before it).
+    prefix_cache: PrefixCacheRecord | None = None
     metrics: dict = field(default_factory=dict)

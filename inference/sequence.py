@@ -43,6 +43,10 @@ class Sequence:
         self.num_computed_tokens = 0
         # Prompt tokens served from the prefix cache at first admission.
         self.num_cached_tokens: int | None = None
+        # Its receipt: how much matched, from which tier, why it ended (outputs.PrefixCacheRecord).
+        self.prefix_cache = None
+        # block_hashes without the cache salt, filled lazily to explain misses.
+        self.unsalted_block_hashes: list[bytes] = []
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.error: str | None = None
