@@ -6,6 +6,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from inference.config import EngineConfig
+from inference.inflight import InflightBlocks
 from inference.kv_cache_manager import KVCacheManager
 from inference.sequence import Sequence, SequenceStatus
 
@@ -23,9 +24,10 @@ class SchedulerOutput:
 
 class Scheduler:
     """Running sequences go first (decodes and unfinished prefill chunks), then new
-    ones while the token budget and blocks last. When blocks run out, the newest
-    running sequence is preempted: its blocks are freed (its full blocks usually
-    stay cached, so it re-hits) and it is recomputed later."""
+    ones while the token budget and blocks last; a new one whose next prefix blocks a
+    scheduled sequence is computing waits for them (inference/inflight.py). When
+    blocks run out, the newest running sequence is preempted: its blocks are freed
+    (its full blocks usually stay cached, so it re-hits) and it is recomputed later."""
 
     def __init__(self, config: EngineConfig, kv: KVCacheManager):
         self.max_num_seqs = config.max_num_seqs
@@ -34,6 +36,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # Admissions put off because a running request was computing the blocks.
+        self.num_prefix_waits = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -73,6 +77,7 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         skipped: list[Sequence] = []
+        inflight = self._inflight(out) if self.waiting and budget > 0 else None
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             parent = seq.wait_for
@@ -83,6 +88,13 @@ class Scheduler:
                 skipped.append(self.waiting.popleft())
                 continue
             hits = self.kv.find_cached_blocks(seq)
+            if inflight is not None and inflight.producer(
+                seq, len(hits), (seq.num_tokens - 1) // self.kv.block_size
+            ):
+                # Its next blocks are being computed now: it hits them in a later step.
+                self.num_prefix_waits += 1
+                skipped.append(self.waiting.popleft())
+                continue
             n = min(seq.num_tokens - len(hits) * self.kv.block_size, budget)
             if not self.kv.can_admit(hits, n):
                 break
@@ -95,7 +107,19 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_tokens.append(n)
             budget -= n
+            if inflight is not None:
+                inflight.add(seq)
         self.waiting.extendleft(reversed(skipped))
+
+    def _inflight(self, out: SchedulerOutput) -> InflightBlocks | None:
+        """The uncached blocks of this step's sequences, which a waiting request
+        sharing them waits for (inference/inflight.py); None without prefix caching."""
+        if not self.kv.enable_caching:
+            return None
+        inflight = InflightBlocks()
+        for seq in out.seqs:
+            inflight.add(seq)
+        return inflight
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)
