@@ -59,7 +59,8 @@ class LLMEngine:
             enable_caching=config.enable_prefix_caching,
             hash_algorithm=config.hash_algorithm,
             # Blocks are only reusable by the same weights in the same precision.
-            model_id=f"{path.resolve()}:{config.dtype}",
+            model_id=f"{path.resolve()}:{config.dtype}"
+            + ("" if config.weight_dtype == "bf16" else f":{config.weight_dtype}"),
         )
         # The host/disk tier under the pool (None unless kv_offload_bytes or kv_dir).
         self.kv_tier = build_tier(config, self.runner.kv_cache, self.kv.model_id)

@@ -8,6 +8,7 @@ model cache, and every later load reads that folder (about a second).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -98,6 +99,21 @@ def resolve_model_path(model: str = DEFAULT_MODEL, cache_dir: str | None = None)
             f"model {model!r} is neither {DEFAULT_MODEL!r} nor a local Hugging Face folder"
         )
     return path
+
+
+def quantized_cache_path(path: Path, weight_dtype: str, version: int,
+                         cache_dir: str | None = None) -> Path:
+    """Where the quantized weights of the model folder `path` are kept: beside the
+    converted models, named by the folder, a digest of its weight files (so a changed
+    or another folder of the same name never matches), the weight dtype and the
+    format version."""
+    path = path.resolve()
+    digest = hashlib.sha256(str(path).encode())
+    for f in sorted(path.glob("*.safetensors")) + [path / "config.json"]:
+        st = f.stat()
+        digest.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    name = f"{path.name}.{weight_dtype}-v{version}-{digest.hexdigest()[:16]}.safetensors"
+    return model_cache_dir(cache_dir) / name
 
 
 @dataclass

@@ -10,6 +10,7 @@ import torch
 from inference.config import EngineConfig
 from inference.cpu_allocator import keep_heap_pages
 from inference.models.llama import LlamaForCausalLM
+from inference.quantize import quantize_model, quantized_cache_file
 from inference.sequence import Sequence
 from kernels.attention import AttentionMetadata
 
@@ -38,6 +39,8 @@ class ModelRunner:
         with torch.device(self.device):
             model = LlamaForCausalLM(model_config)
         model.load_hf_state_dict(state_dict)
+        if config.weight_dtype != "bf16":
+            quantize_model(model, config.weight_dtype, quantized_cache_file(config))
         self.model = model.to(dtype=self.dtype).eval()
         # Decode batches are the common shape: oneDNN lays weights out for them.
         on_cpu = config.pack_weights and self.device.type == "cpu"

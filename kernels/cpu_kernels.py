@@ -29,13 +29,19 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = tuple(
-    CSRC / name for name in ("causal_softmax.c", "paged_decode.c", "gather_kv.c", "rms_norm.c")
+    CSRC / name
+    for name in (
+        "causal_softmax.c", "paged_decode.c", "gather_kv.c", "rms_norm.c", "quant_linear.c"
+    )
 )
 HEADERS = (CSRC / "vec.h",)
 # Named instruction sets instead of -march=native: the library also runs on another
 # machine with these flags (a cache dir shared over NFS, an image built elsewhere).
 CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp")
 NEEDED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
+# The quantized matmuls (quant_linear.c) also need VNNI; they enable it per function,
+# so the other kernels still build and run where it is missing.
+QUANT_FLAGS = NEEDED_FLAGS | {"avx512_vnni"}
 
 
 def cache_dir() -> Path:
@@ -118,6 +124,21 @@ def _library() -> ctypes.CDLL | None:
         + (ctypes.c_int,)
     )
     fn.restype = None
+    for name in ("quant_linear_int8", "quant_linear_int4"):
+        fn = getattr(lib, name)
+        fn.argtypes = (
+            (ctypes.c_void_p, ctypes.c_int)
+            + (ctypes.c_int64,) * 3
+            + (ctypes.c_void_p,) * 2
+            + (ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+        )
+        fn.restype = ctypes.c_int
+    for name in ("dequant_int8", "dequant_int4"):
+        fn = getattr(lib, name)
+        fn.argtypes = (
+            (ctypes.c_void_p,) * 2 + (ctypes.c_int64,) * 3 + (ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+        )
+        fn.restype = None
     return lib
 
 
@@ -265,3 +286,68 @@ def paged_decode_attention(
     if rc:
         raise MemoryError("no memory for the decode attention's score buffers")
     return out
+
+
+QUANT_MAX_ROWS = 8
+
+
+def quant_available() -> bool:
+    """True where the quantized matmuls run here (the kernels plus AVX512-VNNI)."""
+    return cpu_flags() >= QUANT_FLAGS and available()
+
+
+def _check_quant(kind: str, data: torch.Tensor, scale: torch.Tensor, in_features: int) -> int:
+    """Validate a quantized weight's tensors (see kernels.quant_linear); its padded width."""
+    if kind not in ("int8", "int4"):
+        raise ValueError(f"unknown weight kind {kind!r}")
+    dtypes = {"int8": (torch.int8, torch.float32), "int4": (torch.uint8, torch.bfloat16)}[kind]
+    if (data.dtype, scale.dtype) != dtypes or data.dim() != 2 or scale.dim() not in (1, 2):
+        raise ValueError(f"{kind} weights are {dtypes[0]} data with {dtypes[1]} scales")
+    if not (data.is_cpu and scale.is_cpu and data.is_contiguous() and scale.is_contiguous()):
+        raise ValueError("expected contiguous CPU weight tensors")
+    in_pad = data.shape[1] * (2 if kind == "int4" else 1)
+    groups = 1 if kind == "int8" else in_pad // 32
+    if in_pad % 64 or not 0 < in_features <= in_pad or scale.numel() != data.shape[0] * groups:
+        raise ValueError(f"a {kind} weight of {tuple(data.shape)} cannot have {in_features} columns")
+    return in_pad
+
+
+def quant_linear(
+    x: torch.Tensor, kind: str, data: torch.Tensor, scale: torch.Tensor, in_features: int
+) -> torch.Tensor:
+    """x [rows <= 8, in] (bf16 or fp32, contiguous CPU) times a quantized weight's
+    transpose: [rows, out] in x's dtype."""
+    lib = _loaded()
+    in_pad = _check_quant(kind, data, scale, in_features)
+    if x.dtype not in (torch.bfloat16, torch.float32) or not (x.is_cpu and x.is_contiguous()):
+        raise ValueError("expected contiguous bf16 or fp32 CPU rows")
+    if x.dim() != 2 or x.shape[1] != in_features or not 0 < x.shape[0] <= QUANT_MAX_ROWS:
+        raise ValueError(
+            f"expected [1..{QUANT_MAX_ROWS}, {in_features}] rows, got {tuple(x.shape)}"
+        )
+    out_features = data.shape[0]
+    y = x.new_empty(x.shape[0], out_features)
+    bf16 = int(x.dtype == torch.bfloat16)
+    fn = lib.quant_linear_int8 if kind == "int8" else lib.quant_linear_int4
+    rc = fn(x.data_ptr(), bf16, x.shape[0], in_features, in_pad, data.data_ptr(),
+            scale.data_ptr(), out_features, y.data_ptr(), bf16, torch.get_num_threads())
+    if rc == 1:
+        raise MemoryError("no memory for the quantized activations")
+    if rc:
+        raise ValueError("bad shape for the quantized matmul")
+    return y
+
+
+def dequantize(
+    kind: str, data: torch.Tensor, scale: torch.Tensor, in_features: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """A quantized weight as a plain [out, in] tensor of dtype (bf16 or fp32)."""
+    lib = _loaded()
+    in_pad = _check_quant(kind, data, scale, in_features)
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"cannot dequantize to {dtype}")
+    dst = torch.empty(data.shape[0], in_features, dtype=dtype)
+    fn = lib.dequant_int8 if kind == "int8" else lib.dequant_int4
+    fn(data.data_ptr(), scale.data_ptr(), data.shape[0], in_features, in_pad, dst.data_ptr(),
+       int(dtype == torch.bfloat16), torch.get_num_threads())
+    return dst

@@ -13,14 +13,29 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from kernels import AttentionMetadata, cpu_kernels, paged_attention, store_kvcache
 from kernels.cpu_linear import linear, pack_weight, packed_linear
+from kernels.quant_linear import QuantizedWeight, quant_linear
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose weight can be packed once for oneDNN (see kernels.cpu_linear)."""
+    """nn.Linear whose weight can be packed once for oneDNN (see kernels.cpu_linear)
+    or replaced by a quantized copy (see kernels.quant_linear)."""
 
     packed: torch.Tensor | None = None
+    quantized: QuantizedWeight | None = None
+
+    def set_quantized(self, qw: QuantizedWeight) -> None:
+        if (qw.out_features, qw.in_features) != (self.out_features, self.in_features):
+            raise ValueError(
+                f"a quantized weight of {qw.out_features} x {qw.in_features} does not fit "
+                f"a {self.out_features} x {self.in_features} layer"
+            )
+        self.quantized = qw
+        # Only the quantized copy is read from now on (a tied head leaves the embedding).
+        self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
 
     def pack(self, batch_hint: int | None) -> bool:
+        if self.quantized is not None:
+            return False
         packed = pack_weight(self.weight, batch_hint)
         if packed is None:
             return False
@@ -30,6 +45,8 @@ class Linear(nn.Linear):
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return quant_linear(x, self.quantized, self.bias)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return linear(x, self.weight, self.bias)
@@ -188,6 +205,10 @@ class LlamaForCausalLM(nn.Module):
         False when nothing was packed."""
         packed = [m.pack(batch_hint) for m in self.modules() if isinstance(m, Linear)]
         return any(packed)
+
+    def linear_layers(self) -> dict[str, Linear]:
+        """Every matmul layer by its module name: q/k/v, o, gate/up, down and the head."""
+        return {name: m for name, m in self.named_modules() if isinstance(m, Linear)}
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [rows, vocab] in the model's dtype: greedy rows need only their

@@ -1,0 +1,108 @@
+"""Quantize a model's linear layers once at load, and keep the result on disk.
+
+Quantizing SmolLM2's 135M weights takes seconds; reading them back from a
+safetensors file beside the converted model takes a fraction of one. A file whose
+format, weight dtype or tensors do not match what the model expects (another
+version, a half-written or corrupt file) is ignored and rebuilt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from inference.loader import quantized_cache_path, resolve_model_path
+from kernels.quant_linear import KINDS, QuantizedWeight, quantize
+
+log = logging.getLogger(__name__)
+
+# Bump when the stored layout changes (kernels/quant_linear's docstring describes it).
+FORMAT_VERSION = 1
+FORMAT_NAME = "prefixchat-quantized-linear"
+
+
+def _expected(layer, kind: str) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """The dtypes and shapes a layer's stored tensors must have."""
+    in_pad = -(-layer.in_features // 64) * 64
+    out = layer.out_features
+    if kind == "int8":
+        return {"data": (torch.int8, (out, in_pad)), "scale": (torch.float32, (out,))}
+    return {"data": (torch.uint8, (out, in_pad // 2)), "scale": (torch.bfloat16, (out, in_pad // 32))}
+
+
+def load_cached(path: Path, layers: dict, kind: str) -> dict[str, QuantizedWeight]:
+    """Every layer's quantized weight from the file; ValueError if it does not fit."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        want = {"format": FORMAT_NAME, "version": str(FORMAT_VERSION), "weight_dtype": kind}
+        if any(meta.get(k) != v for k, v in want.items()):
+            raise ValueError(f"metadata {meta} is not {want}")
+        out = {}
+        for name, layer in layers.items():
+            parts = {}
+            for part, (dtype, shape) in _expected(layer, kind).items():
+                t = f.get_tensor(f"{name}.{part}")
+                if t.dtype != dtype or tuple(t.shape) != shape:
+                    raise ValueError(f"{name}.{part} is {t.dtype} {tuple(t.shape)}, not {dtype} {shape}")
+                parts[part] = t.contiguous()
+            out[name] = QuantizedWeight(kind, parts["data"], parts["scale"], layer.in_features)
+    return out
+
+
+def save_cached(path: Path, weights: dict[str, QuantizedWeight], kind: str) -> None:
+    tensors = {}
+    for name, qw in weights.items():
+        tensors[f"{name}.data"] = qw.data.cpu().contiguous()
+        tensors[f"{name}.scale"] = qw.scale.cpu().contiguous()
+    meta = {"format": FORMAT_NAME, "version": str(FORMAT_VERSION), "weight_dtype": kind}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside its name and renamed: a reader never sees half a file.
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=meta)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def quantized_cache_file(config) -> Path:
+    """The cache file for an EngineConfig's model and weight dtype."""
+    path = resolve_model_path(config.model, config.model_cache_dir)
+    return quantized_cache_path(path, config.weight_dtype, FORMAT_VERSION, config.model_cache_dir)
+
+
+def quantize_model(model, kind: str, cache_file: Path | None = None) -> bool:
+    """Give every linear layer of `model` (see LlamaForCausalLM.linear_layers) a
+    quantized copy of its weight, read from cache_file where it holds one; True when
+    it did. Call it before casting the model to its compute dtype, so the weights
+    are quantized from full precision."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown weight dtype {kind!r}; expected one of {KINDS}")
+    layers = model.linear_layers()
+    device = next(iter(layers.values())).weight.device
+    weights = None
+    if cache_file is not None and cache_file.exists():
+        try:
+            weights = {n: qw.to(device) for n, qw in load_cached(cache_file, layers, kind).items()}
+        except Exception as exc:  # any unreadable or foreign file: rebuild it
+            log.warning("ignoring the quantized-weight cache %s: %s", cache_file, exc)
+    hit = weights is not None
+    if weights is None:
+        weights = {name: quantize(layer.weight, kind) for name, layer in layers.items()}
+        if cache_file is not None:
+            try:
+                save_cached(cache_file, weights, kind)
+            except OSError as exc:  # a read-only cache: quantize again next time
+                log.warning("could not write the quantized-weight cache %s: %s", cache_file, exc)
+    for name, layer in layers.items():
+        layer.set_quantized(weights[name])
+    log.info("linear weights quantized to %s (%s)", kind, "cached" if hit else "built")
+    return hit

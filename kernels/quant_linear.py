@@ -1,0 +1,144 @@
+"""Weight-only quantized linear layers: int8 per output row, int4 per group of 32.
+
+Decoding one sequence reads every weight once per token, so its speed is the
+memory bandwidth over the weights' size: int8 halves bf16's bytes, int4 (4.5 bits
+a weight with its scales) nearly quarters them.
+
+- int8: q = round(w / s) in [-127, 127] with one fp32 scale per output row.
+- int4: groups of 32 columns, q in [-8, 7] with one bf16 scale per group, chosen
+  as llama.cpp's Q4_0 does (the value of largest magnitude maps to -8). Groups of
+  32 rather than 64: SmolLM2's shipped weights are Q4_1 in blocks of 32, so our
+  groups fall on theirs, and the activations are quantized per 32 columns too,
+  which makes each group one integer dot product; the finer scales cost 0.25 bit
+  a weight more than 64 would.
+
+Rows are stored padded with zeros to a multiple of 64 columns (the kernel's
+vector width); int4 packs two nibbles (q + 8) a byte, column j of each 64-column
+chunk in the low nibble of its byte j and column 32 + j in the high one.
+
+A few rows (decode) run in C on AVX512-VNNI (kernels/csrc/quant_linear.c); more
+rows dequantize the weight and use oneDNN through F.linear; elsewhere (no VNNI,
+no compiler, CUDA) torch dequantizes and multiplies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels import cpu_kernels
+
+KINDS = ("int8", "int4")
+GROUP = 32
+PAD = 64
+# Above this many rows, dequantize and use oneDNN (see bench quant).
+MAX_KERNEL_ROWS = cpu_kernels.QUANT_MAX_ROWS
+
+
+@dataclass
+class QuantizedWeight:
+    """One linear layer's weight [out_features, in_features], quantized."""
+
+    kind: str
+    data: torch.Tensor  # int8 [out, in_pad] or uint8 nibbles [out, in_pad / 2]
+    scale: torch.Tensor  # fp32 [out] or bf16 [out, in_pad / 32]
+    in_features: int
+
+    @property
+    def out_features(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + self.scale.nbytes
+
+    def to(self, device: torch.device | str) -> QuantizedWeight:
+        return QuantizedWeight(self.kind, self.data.to(device), self.scale.to(device),
+                               self.in_features)
+
+
+def padded(in_features: int) -> int:
+    return -(-in_features // PAD) * PAD
+
+
+def _pad_columns(w: torch.Tensor) -> torch.Tensor:
+    return F.pad(w, (0, padded(w.shape[1]) - w.shape[1]))
+
+
+def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
+    """Quantize a float weight [out, in]; the result lives on the weight's device."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown weight kind {kind!r}; expected one of {KINDS}")
+    if weight.dim() != 2 or not weight.is_floating_point() or weight.numel() == 0:
+        raise ValueError(f"expected a non-empty 2-D float weight, got {tuple(weight.shape)}")
+    w = _pad_columns(weight.detach().float())
+    if kind == "int8":
+        scale = w.abs().amax(dim=1) / 127
+        inv = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+        q = (w * inv[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        return QuantizedWeight(kind, q.contiguous(), scale.contiguous(), weight.shape[1])
+    out, in_pad = w.shape
+    groups = w.view(out, in_pad // GROUP, GROUP)
+    # The value of largest magnitude, with its sign, maps to -8.
+    extreme = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True))
+    scale = (extreme / -8).to(torch.bfloat16)
+    s = scale.float()
+    inv = torch.where(s != 0, 1 / s, torch.zeros_like(s))
+    nibbles = (groups * inv).round_().clamp_(-8, 7).add_(8).to(torch.uint8)
+    chunks = nibbles.view(out, in_pad // PAD, 2, GROUP)
+    packed = chunks[:, :, 0] | (chunks[:, :, 1] << 4)
+    return QuantizedWeight(kind, packed.reshape(out, in_pad // 2).contiguous(),
+                           scale.view(out, -1).contiguous(), weight.shape[1])
+
+
+def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weight [out, in] in dtype, in torch: the reference the kernels are held to."""
+    out = qw.out_features
+    if qw.kind == "int8":
+        w = qw.data.float() * qw.scale[:, None]
+    else:
+        low, high = qw.data & 0x0F, qw.data >> 4
+        in_pad = qw.data.shape[1] * 2
+        chunks = torch.stack((low.view(out, -1, GROUP), high.view(out, -1, GROUP)), dim=2)
+        q = chunks.view(out, in_pad // GROUP, GROUP).float() - 8
+        w = (q * qw.scale.float()[:, :, None]).view(out, in_pad)
+    return w[:, : qw.in_features].to(dtype)
+
+
+def runs_kernel(x: torch.Tensor, qw: QuantizedWeight) -> bool:
+    """True where the C kernel takes x: a few contiguous bf16/fp32 CPU rows, VNNI."""
+    return (
+        x.is_cpu
+        and x.dim() == 2
+        and 0 < x.shape[0] <= MAX_KERNEL_ROWS
+        and x.dtype in (torch.bfloat16, torch.float32)
+        and x.is_contiguous()
+        and qw.data.is_cpu
+        and cpu_kernels.quant_available()
+    )
+
+
+def kernel_matmul(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+    """x [rows <= 8, in] times the weight's transpose, in C; ValueError on bad input."""
+    return cpu_kernels.quant_linear(x, qw.kind, qw.data, qw.scale, qw.in_features)
+
+
+def dequantize_for_matmul(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The weight in dtype: the C dequantizer where it runs, torch otherwise."""
+    if qw.data.is_cpu and dtype in (torch.bfloat16, torch.float32) and cpu_kernels.quant_available():
+        return cpu_kernels.dequantize(qw.kind, qw.data, qw.scale, qw.in_features, dtype)
+    return dequantize(qw, dtype)
+
+
+def quant_linear(
+    x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F.linear(x, W, bias) for a quantized W and x [..., in]."""
+    if x.shape[-1] != qw.in_features:
+        raise ValueError(f"expected {qw.in_features} input features, got {x.shape[-1]}")
+    if runs_kernel(x, qw):
+        y = kernel_matmul(x, qw)
+        return y if bias is None else y.add_(bias)
+    return F.linear(x, dequantize_for_matmul(qw, x.dtype), bias)

@@ -1,0 +1,158 @@
+"""Weight-only quantized matmuls: formats, the C kernels and the torch fallback."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import cpu_kernels
+from kernels import quant_linear as ql
+
+needs_kernel = pytest.mark.skipif(
+    not cpu_kernels.quant_available(), reason="no AVX512-VNNI or no C compiler here"
+)
+
+SHAPES = [(576, 1536), (1536, 576), (17, 100), (100, 17), (64, 64), (33, 1)]
+
+
+def weight(out: int, inp: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out, inp, generator=g) / inp**0.5
+
+
+def act_error_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What quantizing x to int8 per block of 32 columns can move each output:
+    every value by at most half a step (block max / 127), times |w|."""
+    rows, inp = x.shape
+    pad = -inp % 32
+    blocks = F.pad(x.abs().double(), (0, pad)).view(rows, -1, 32)
+    half_step = (blocks.amax(-1, keepdim=True) / 254).expand_as(blocks).reshape(rows, -1)
+    return half_step[:, :inp] @ w.abs().double().T
+
+
+def check_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, act_quant: bool) -> None:
+    ref = x.double() @ w.double().T
+    bound = 1e-5 * (x.abs().double() @ w.abs().double().T) + 1e-6
+    if act_quant:
+        bound = bound + 1.001 * act_error_bound(x, w)
+    if got.dtype == torch.bfloat16 or x.dtype == torch.bfloat16:
+        # bf16 roundings of the output, and of each weight and partial sum where a bf16
+        # matmul takes the dequantized weight
+        bound = bound + ref.abs() * 2**-8 + (x.abs().double() @ w.abs().double().T) * 2**-7
+    err = (got.double() - ref).abs()
+    assert (err <= bound).all(), f"max excess {(err - bound).max().item()}"
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ql.KINDS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 8])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernel_matches_the_dequantized_reference(kind, rows, shape, dtype):
+    inp, out = shape
+    qw = ql.quantize(weight(out, inp, seed=rows), kind)
+    x = torch.randn(rows, inp, generator=torch.Generator().manual_seed(inp)).to(dtype)
+    got = ql.kernel_matmul(x, qw)
+    assert got.shape == (rows, out) and got.dtype == dtype
+    check_close(got, x, ql.dequantize(qw), act_quant=True)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ql.KINDS)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_kernel_on_the_output_projection_shape(kind, rows):
+    qw = ql.quantize(weight(49152, 576), kind)
+    x = torch.randn(rows, 576).bfloat16()
+    check_close(ql.kernel_matmul(x, qw), x, ql.dequantize(qw), act_quant=True)
+
+
+@pytest.mark.parametrize("kind", ql.KINDS)
+@pytest.mark.parametrize("rows", [1, 2, 9, 33])
+@pytest.mark.parametrize("shape", [(576, 1536), (100, 17), (17, 100)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quant_linear_dispatch_matches_the_reference(kind, rows, shape, dtype):
+    """Whatever path a call takes (kernel, C dequantizer + oneDNN, torch), the result
+    is the dequantized weight's product, with a bias added."""
+    inp, out = shape
+    qw = ql.quantize(weight(out, inp, seed=3), kind)
+    x = torch.randn(rows, inp).to(dtype)
+    bias = torch.randn(out).to(dtype)
+    got = ql.quant_linear(x, qw, bias) - bias
+    act_quant = ql.runs_kernel(x, qw)
+    check_close(got, x, ql.dequantize(qw), act_quant=act_quant)
+    # Leading dims pass through.
+    assert ql.quant_linear(x.view(1, rows, inp), qw).shape == (1, rows, out)
+
+
+@pytest.mark.parametrize("kind", ql.KINDS)
+def test_round_trip_error_bounds(kind):
+    w = weight(96, 200, seed=5) * torch.linspace(0.1, 10, 96)[:, None]  # rows of many scales
+    w[7] = 0  # an all-zero row must not divide by zero
+    qw = ql.quantize(w, kind)
+    back = ql.dequantize(qw)
+    assert back.shape == w.shape and torch.isfinite(back).all()
+    assert (back[7] == 0).all()
+    err = (back - w).abs()
+    if kind == "int8":
+        # half a step of the row's own scale
+        assert (err <= w.abs().amax(1, keepdim=True) / 254 * 1.0001 + 1e-12).all()
+        assert qw.data.dtype == torch.int8 and qw.data.shape == (96, 256)
+    else:
+        # a step of the group's scale at most (values near the top of the side opposite
+        # the extreme clamp from +8 to +7), a quarter step on average as rounding gives
+        groups = F.pad(w, (0, 56)).view(96, -1, 32)
+        step = (groups.abs().amax(-1) / 8 * (1 + 2**-7))[..., None]
+        gerr = F.pad(err, (0, 56)).view(96, -1, 32)
+        assert (gerr <= step + 1e-12).all()
+        assert (gerr / step.clamp_min(1e-30)).mean() < 0.3
+        assert qw.data.dtype == torch.uint8 and qw.data.shape == (96, 128)
+        assert qw.scale.dtype == torch.bfloat16 and qw.scale.shape == (96, 8)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ql.KINDS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_c_dequantizer_matches_torch(kind, shape):
+    inp, out = shape
+    qw = ql.quantize(weight(out, inp), kind)
+    ref = ql.dequantize(qw)
+    assert torch.equal(ql.dequantize_for_matmul(qw, torch.float32), ref)
+    assert torch.equal(ql.dequantize_for_matmul(qw, torch.bfloat16), ref.bfloat16())
+
+
+def test_quantize_refuses_bad_weights():
+    with pytest.raises(ValueError, match="kind"):
+        ql.quantize(torch.randn(4, 4), "int3")
+    with pytest.raises(ValueError, match="2-D"):
+        ql.quantize(torch.randn(4), "int8")
+    with pytest.raises(ValueError, match="2-D"):
+        ql.quantize(torch.ones(4, 4, dtype=torch.int32), "int8")
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ql.KINDS)
+def test_kernel_refuses_bad_inputs(kind):
+    qw = ql.quantize(weight(40, 100), kind)
+    good = torch.randn(2, 100)
+    assert ql.kernel_matmul(good, qw).shape == (2, 40)
+    bad = {
+        "float16 rows": good.half(),
+        "int rows": good.int(),
+        "wrong width": torch.randn(2, 99),
+        "non-contiguous rows": torch.randn(100, 2).T,
+        "too many rows": torch.randn(9, 100),
+        "no rows": torch.randn(0, 100),
+        "3-D rows": torch.randn(1, 2, 100),
+    }
+    for what, x in bad.items():
+        with pytest.raises(ValueError):
+            ql.kernel_matmul(x, qw)
+            pytest.fail(what)
+    with pytest.raises(ValueError, match="input features"):
+        ql.quant_linear(torch.randn(2, 99), qw)
+    wrong_scale = ql.QuantizedWeight(kind, qw.data, qw.scale.double(), 100)
+    with pytest.raises(ValueError, match="scales"):
+        ql.kernel_matmul(good, wrong_scale)
+    with pytest.raises(ValueError, match="columns"):
+        ql.kernel_matmul(torch.randn(2, 300), ql.QuantizedWeight(kind, qw.data, qw.scale, 300))
+    with pytest.raises(ValueError):
+        cpu_kernels.dequantize(kind, qw.data, qw.scale, 100, torch.float16)
