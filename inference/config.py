@@ -9,6 +9,7 @@ import torch
 from kernels.cpu_features import has_native_bf16
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+WEIGHT_DTYPES = ("bf16", "int8", "int4")
 
 
 def default_dtype(device: str) -> str:
@@ -43,6 +44,9 @@ class EngineConfig:
     model_cache_dir: str | None = None
     # On CPU, lay bf16 matmul weights out once in oneDNN's blocked format (kernels/cpu_linear).
     pack_weights: bool = True
+    # Linear-layer weights: "bf16" keeps them in the compute dtype; "int8" (per output
+    # row) or "int4" (per group of 32) quantize them at load (kernels/quant_linear).
+    weight_dtype: str = "bf16"
     # Label used for metrics and the dashboard ("web", "worker@host").
     engine_id: str = "embedded"
     # Host-memory KV tier under the pool (inference/kv_offload.py): evicted cached blocks
@@ -72,6 +76,11 @@ class EngineConfig:
             raise ValueError(f"unsupported dtype {self.dtype!r}")
         if self.kv_offload_bytes < 0 or self.kv_dir_bytes < 0:
             raise ValueError("kv_offload_bytes and kv_dir_bytes must be >= 0")
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(
+                f"unsupported weight_dtype {self.weight_dtype!r}; expected one of "
+                + ", ".join(map(repr, WEIGHT_DTYPES))
+            )
         if self.hash_algorithm not in ("sha256", "xxhash"):
             raise ValueError(f"unsupported hash algorithm {self.hash_algorithm!r}")
 
