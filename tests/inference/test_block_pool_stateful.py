@@ -1,17 +1,21 @@
-"""Random allocate / share / append / free / evict sequences against the block pool."""
+"""Random allocate / share / append / free / evict / prewarm sequences against the block
+pool and the host tier under it (offload on eviction, restore on lookup)."""
 
 from __future__ import annotations
 
 import hypothesis.strategies as st
+import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from inference.kv_cache_manager import KVCacheManager
+from inference.kv_offload import KVTier, attach_tier, prewarm
 from inference.sampling_params import SamplingParams
 from inference.sequence import Sequence
 
 BS = 4
 NUM_BLOCKS = 24
+TIER_BLOCKS = 6  # the host tier holds this many blocks
 # A few shared prefixes so that prompts hit each other's blocks.
 PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [5, 5, 5, 5, 5, 5]]
 
@@ -20,17 +24,31 @@ class BlockPoolMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.kv = KVCacheManager(NUM_BLOCKS, BS, enable_caching=True)
+        # The KV cache as the model would have written it: K = token id, V = token id
+        # + 100, -1 where nothing was written. The tier copies these values out and back.
+        self.cache = torch.full((2, 1, NUM_BLOCKS, BS, 1, 1), -1.0)
+        self.tier = KVTier(self.cache, TIER_BLOCKS * self.cache[:, :, 0].numel() * 4)
+        attach_tier(self.kv, self.tier)
         self.live: list[Sequence] = []
-        # What each block's KV slots hold, as the model would have written them.
-        self.slots: dict[int, list[int | None]] = {b: [None] * BS for b in range(NUM_BLOCKS)}
+        # The tokens each computed block hash names.
+        self.known: dict[bytes, list[int]] = {}
         self.next_id = 0
+
+    def slots(self, b: int) -> list[int | None]:
+        k, v = self.cache[0, 0, b, :, 0, 0].tolist(), self.cache[1, 0, b, :, 0, 0].tolist()
+        assert all(y == x + 100 for x, y in zip(k, v, strict=True) if x >= 0)
+        return [int(x) if x >= 0 else None for x in k]
 
     def _compute(self, seq: Sequence, upto: int) -> None:
         """Write KV for tokens num_computed..upto-1 into their slots, then register blocks."""
         for pos in range(seq.num_computed_tokens, upto):
-            self.slots[seq.block_table[pos // BS]][pos % BS] = seq.token_ids[pos]
+            b, t = seq.block_table[pos // BS], seq.token_ids[pos]
+            self.cache[0, 0, b, pos % BS] = t
+            self.cache[1, 0, b, pos % BS] = t + 100
         seq.num_computed_tokens = upto
         self.kv.cache_computed_blocks(seq)
+        for i in range(upto // BS):
+            self.known[seq.block_hashes[i]] = seq.token_ids[i * BS : (i + 1) * BS]
 
     @rule(prefix=st.sampled_from(PREFIXES), tail=st.lists(st.integers(10, 13), max_size=9),
           salt=st.sampled_from([None, "t1"]), chunk=st.integers(1, 12))
@@ -44,9 +62,11 @@ class BlockPoolMachine(RuleBasedStateMachine):
         free_before = self.kv.pool.num_free_blocks
         self.kv.admit(seq, hits, n)
         assert self.kv.pool.num_free_blocks <= free_before
-        # Hit blocks must already hold exactly the prompt's tokens.
+        # Hit blocks, restored ones included, hold exactly the prompt's tokens, under
+        # the prompt's own hash (so its salt): never another tenant's block.
         for i, b in enumerate(seq.block_table[: len(hits)]):
-            assert self.slots[b] == seq.token_ids[i * BS : (i + 1) * BS]
+            assert self.slots(b) == seq.token_ids[i * BS : (i + 1) * BS]
+            assert self.kv.pool.blocks[b].block_hash == seq.block_hashes[i]
         self._compute(seq, seq.num_computed_tokens + n)
         self.live.append(seq)
 
@@ -94,8 +114,18 @@ class BlockPoolMachine(RuleBasedStateMachine):
         pool = self.kv.pool
         taken = pool.allocate(pool.num_free_blocks)
         for b in taken:
-            self.slots[b.block_id] = [None] * BS
+            self.cache[:, :, b.block_id] = -1.0
         pool.free(reversed(taken))
+
+    @rule(prefix=st.sampled_from(PREFIXES), tail=st.lists(st.integers(10, 13), max_size=9),
+          salt=st.sampled_from([None, "t1"]), max_blocks=st.integers(0, 4))
+    def prewarm(self, prefix, tail, salt, max_blocks):
+        """Bring a prompt's blocks back from the tier ahead of a request."""
+        seq = Sequence(self.next_id, "prewarm", 0, prefix + tail, SamplingParams(), salt)
+        free_before = self.kv.pool.num_free_blocks
+        restored = prewarm(self.kv, seq, max_blocks)
+        assert restored <= max_blocks
+        assert self.kv.pool.num_free_blocks == free_before  # restored blocks stay free
 
     @invariant()
     def accounting_holds(self):
@@ -116,12 +146,24 @@ class BlockPoolMachine(RuleBasedStateMachine):
             assert holders
             for block in holders.values():
                 assert block.block_hash == h
-                assert list(block.token_ids) == self.slots[block.block_id]
+                assert list(block.token_ids) == self.slots(block.block_id)
         # Every block carrying a hash is findable by it (a duplicate's eviction
         # must not hide the other holder).
         for block in pool.blocks:
             if block.block_hash is not None:
                 assert block.block_id in pool.cached[block.block_hash]
+            else:
+                assert not block.from_tier
+
+    @invariant()
+    def tier_holds_what_was_evicted(self):
+        tier = self.tier
+        assert len(tier.memory) <= TIER_BLOCKS
+        assert tier.memory_used_bytes <= tier.memory_bytes
+        for h, data in tier.memory.items():
+            tokens = self.known[h]  # only computed blocks are ever offloaded
+            assert data[0, 0, :, 0, 0].tolist() == tokens
+            assert data[1, 0, :, 0, 0].tolist() == [t + 100 for t in tokens]
 
 
 BlockPoolMachine.TestCase.settings = settings(
