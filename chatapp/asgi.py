@@ -10,7 +10,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from chatapp.chat.routing import websocket_urlpatterns  # noqa: E402
+from chatapp.web.routing import websocket_urlpatterns  # noqa: E402
 
 http_app = django_asgi_app
 if settings.SERVE_STATIC:
@@ -19,16 +19,9 @@ if settings.SERVE_STATIC:
 
     http_app = ASGIStaticFilesHandler(django_asgi_app)
 
-if settings.LLM_PRELOAD:
-    from chatapp.generation.engine import preload_in_background
+from chatapp.startup import start_process  # noqa: E402
 
-    preload_in_background()
-
-# History samples for the cache dashboard (a no-op until the engine is loaded; never raises
-# into chat). DASHBOARD_SAMPLE_INTERVAL_S=0 turns it off, e.g. where Celery beat samples.
-from chatapp.dashboard.sampling import start_sampler  # noqa: E402
-
-start_sampler()
+start_process(preload=settings.LLM_PRELOAD)
 
 application = ProtocolTypeRouter(
     {

@@ -84,7 +84,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "chatapp.chat.context_processors.chat",
+                "chatapp.web.context_processors.chat",
             ],
         },
     },

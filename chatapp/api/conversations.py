@@ -1,23 +1,20 @@
 """The conversations API's reads that shape data (tree, export) and its reply stream.
 
-Writes go through chatapp.chat.services and generation through
-chatapp.generation.services; nothing here changes a conversation by itself.
+Writes go through chatapp.chat.services and replies through
+chatapp.generation.replies; nothing here changes a conversation by itself.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 
 from channels.layers import get_channel_layer
-from django.conf import settings
 from django.db.models import Count, QuerySet
 
 from chatapp.chat import selectors as chat_selectors
 from chatapp.chat.models import Conversation, Message
-from chatapp.generation import services as generation
+from chatapp.generation import replies
 
 
 def conversation_queryset(
@@ -91,16 +88,6 @@ def _sse(event: str, data: dict) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-def reply_wait(*, reply_id: int, poll_s: float = 0.2) -> Message:
-    """Wait for a reply a worker generates to end (bounded by the task's time limit)."""
-    deadline = time.monotonic() + settings.CELERY_TASK_TIME_LIMIT + 60
-    while True:
-        reply = Message.objects.get(pk=reply_id)
-        if not reply.is_active or time.monotonic() > deadline:
-            return reply
-        time.sleep(poll_s)
-
-
 async def reply_stream(
     *, reply_id: int, group: str, first: dict, on_close: Callable[[], None],
     remote: bool = False,
@@ -117,7 +104,7 @@ async def reply_stream(
     await layer.group_add(group, channel)
     # A reply queued for a worker (remote) streams through the same group; it goes on
     # if this client leaves, as a long generation should.
-    task = None if remote else asyncio.create_task(generation.run_reply(reply_id))
+    task = None if remote else replies.run_in_background(reply_id)
     try:
         yield _sse("message.created", first)
         while True:

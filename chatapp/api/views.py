@@ -43,8 +43,8 @@ from chatapp.api.serializers import (
 from chatapp.chat import selectors as chat_selectors
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Message
-from chatapp.generation import dispatch, prompting
-from chatapp.generation import services as generation
+from chatapp.generation import replies
+from chatapp.prompts import catalog
 
 E = ErrorSerializer
 ERRORS = {401: E, 404: E, 429: E}
@@ -70,7 +70,7 @@ class PresetListView(APIView):
     )
     def get(self, request: Request) -> Response:
         """The system-prompt presets a conversation can start with."""
-        data = [p.__dict__ for p in prompting.available_presets()]
+        data = [p.__dict__ for p in catalog.available_presets()]
         return Response(PresetSerializer(data, many=True).data)
 
 
@@ -133,10 +133,7 @@ class ConversationDetailView(APIView):
     @extend_schema(operation_id="conversations_destroy", tags=TAG, responses={204: None, **ERRORS})
     def delete(self, request: Request, conversation_id: int) -> Response:
         """Delete a conversation and all its messages."""
-        conversation = _conversation(request, conversation_id)
-        for reply in chat_selectors.conversation_active_replies(conversation=conversation):
-            generation.stop_reply(reply.pk)
-        chat_services.conversation_delete(conversation=conversation)
+        replies.delete_conversation(conversation=_conversation(request, conversation_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -182,10 +179,9 @@ class MessageListView(APIView):
                 content=body.validated_data["content"],
                 parent_id=body.validated_data["parent_id"],
             )
-            remote = dispatch.use_worker()
-            if remote:
-                # A worker generates it (503 here if the broker is down; the turn is kept).
-                dispatch.enqueue_reply(reply=reply)
+            # A worker generates it, or this process (503 here if the broker is down; the
+            # turn is kept).
+            remote = replies.hand_off(reply)
             if body.validated_data["stream"]:
                 first = {
                     "type": "message.created",
@@ -204,11 +200,8 @@ class MessageListView(APIView):
                 response["Cache-Control"] = "no-cache"
                 response["X-Accel-Buffering"] = "no"
                 return response
-            if remote:
-                conversations.reply_wait(reply_id=reply.pk)
-            else:
-                # Runs on the server's event loop; this request's thread waits for the result.
-                async_to_sync(generation.run_reply)(reply.pk)
+            # Runs on the server's event loop; this request's thread waits for the result.
+            async_to_sync(replies.wait)(reply.pk, remote=remote)
         finally:
             if slot is not None:
                 slot.release()
@@ -243,7 +236,7 @@ class MessageStopView(APIView):
             conversation=conversation, message_id=message_id, role=Message.Role.ASSISTANT
         )
         if reply.is_active:
-            generation.request_stop(reply.pk)
+            replies.request_stop(reply.pk)
         return Response(MessageSerializer(reply).data, status=status.HTTP_202_ACCEPTED)
 
 

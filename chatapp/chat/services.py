@@ -1,9 +1,8 @@
-"""Writes to conversations and messages. Generation itself lives in chatapp.generation;
-these functions only create, validate and record."""
+"""Writes to conversations and messages: create, validate, record. A reply's life while
+it is generated (claim, heartbeat, stop, finish) is chatapp.generation's."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
 from django.conf import settings
@@ -14,24 +13,40 @@ from django.utils import timezone
 from chatapp.chat import selectors
 from chatapp.chat.errors import Busy, InvalidInput
 from chatapp.chat.models import Conversation, Message
-from chatapp.generation import prompting
+from chatapp.prompts import catalog
+from chatapp.prompts.encoding import check_text
+from chatapp.prompts.errors import EmptyMessage, MessageTooLong, PromptError
+from chatapp.prompts.services import check_user_text
 
 TITLE_CHARS = 60
 
 
 def validate_user_text(content: object) -> str:
-    """The user's message text, or InvalidInput with a message fit to show."""
-    if not isinstance(content, str):
-        raise InvalidInput("Message content must be text.")
-    if not content.strip():
-        raise InvalidInput("Message is empty.", code="empty_message")
-    limit = settings.MAX_USER_MESSAGE_CHARS
-    if len(content) > limit:
-        raise InvalidInput(
-            f"Message is too long ({len(content)} characters; the limit is {limit}).",
-            code="message_too_long",
-        )
-    return content
+    """The user's message text, or InvalidInput with a message fit to show (the rules are
+    the prompt manager's: chatapp.prompts.services.check_user_text)."""
+    try:
+        return check_user_text(content, settings.MAX_USER_MESSAGE_CHARS)
+    except PromptError as exc:
+        code = _TEXT_CODES.get(type(exc), "invalid_value")
+        raise InvalidInput(_sentence(str(exc)), code=code) from None
+
+
+_TEXT_CODES = {EmptyMessage: "empty_message", MessageTooLong: "message_too_long"}
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:].rstrip(".") + "."
+
+
+def _check_variables(variables: dict | None) -> dict:
+    """Preset variables end up in the prompt: the same text rules as a message."""
+    for name, value in (variables or {}).items():
+        if isinstance(value, str):
+            try:
+                check_text(value, f"variable {name!r}")
+            except PromptError as exc:
+                raise InvalidInput(_sentence(str(exc)), code="invalid_value") from None
+    return variables or {}
 
 
 def conversation_create(
@@ -43,15 +58,15 @@ def conversation_create(
     title: str = "",
 ) -> Conversation:
     try:
-        preset = prompting.resolve_preset(preset_id, preset_version)
-    except prompting.PromptFailure as exc:
+        preset = catalog.resolve_preset(preset_id, preset_version)
+    except catalog.UnknownPreset as exc:
         raise InvalidInput(str(exc), code="unknown_preset") from exc
     return Conversation.objects.create(
         owner=owner,
         title=title.strip()[:200],
         preset_id=preset.id,
         preset_version=preset.version,
-        preset_variables=variables or {},
+        preset_variables=_check_variables(variables),
     )
 
 
@@ -83,73 +98,11 @@ def replies_recover_stale(*, conversation: Conversation) -> list[Message]:
         if reply.updated_at < cutoff
     ]
     for reply in stale:
-        reply_finish(reply=reply, status=Message.Status.ERROR, content=reply.content,
-                     finish_reason="error", error=INTERRUPTED)
+        reply.status = Message.Status.ERROR
+        reply.finish_reason = "error"
+        reply.error = INTERRUPTED
+        reply.save(update_fields=["status", "finish_reason", "error", "updated_at"])
     return stale
-
-
-def reply_heartbeat(*, reply_id: int, lease: str = "") -> bool:
-    """Touch a running reply; False when its claim `lease` was taken over (or it is gone)."""
-    replies = Message.objects.filter(pk=reply_id)
-    if lease:
-        replies = replies.filter(lease=lease)  # a generation that lost its claim stays silent
-    return bool(replies.update(updated_at=timezone.now()))
-
-
-class Claim:
-    """What a worker may do with a reply it was handed (see reply_claim)."""
-
-    CLAIMED = "claimed"    # generate it, under the returned lease
-    FINISHED = "finished"  # done, stopped or failed already: nothing to do
-    BUSY = "busy"          # another live generation holds it: try again later
-    GONE = "gone"          # deleted with its conversation
-
-
-@transaction.atomic
-def reply_claim(*, reply_id: int, holder: str, reclaim_own: bool = False) -> tuple[str, str]:
-    """Take reply `reply_id` for generation by `holder` (a worker); returns (Claim, lease).
-
-    A task can be delivered more than once (a redelivery after a worker vanished, or a
-    duplicate): the row lock makes exactly one delivery win. A reply still streaming is
-    held by a live generation while its heartbeat is fresh; once the heartbeat is older
-    than CHAT_STALE_REPLY_S its generation is taken to be dead and is replaced.
-    `reclaim_own`: the holder runs one task at a time, so if it holds the reply already,
-    that generation died with its process (a killed pool child): replace it at once.
-    """
-    reply = (
-        Message.objects.select_for_update()
-        .filter(pk=reply_id, role=Message.Role.ASSISTANT)
-        .first()
-    )
-    if reply is None:
-        return Claim.GONE, ""
-    if not reply.is_active:
-        return Claim.FINISHED, ""
-    cutoff = timezone.now() - timedelta(seconds=settings.CHAT_STALE_REPLY_S)
-    own = reclaim_own and reply.served_by == holder
-    if reply.status == Message.Status.STREAMING and reply.updated_at >= cutoff and not own:
-        return Claim.BUSY, ""
-    if reply.stop_requested:
-        reply_finish(reply=reply, status=Message.Status.STOPPED, finish_reason="abort")
-        return Claim.FINISHED, ""
-    reply.lease = uuid.uuid4().hex
-    reply.served_by = holder
-    reply.status = Message.Status.STREAMING
-    reply.save(update_fields=["lease", "served_by", "status", "updated_at"])
-    return Claim.CLAIMED, reply.lease
-
-
-def reply_request_stop(*, reply_id: int) -> bool:
-    """Flag a reply generated elsewhere (a worker) to stop; its generation polls the flag."""
-    active = (Message.Status.PENDING, Message.Status.STREAMING)
-    return bool(
-        Message.objects.filter(pk=reply_id, status__in=active).update(stop_requested=True)
-    )
-
-
-def reply_stop_requested(*, reply_id: int) -> bool:
-    """True once a stop was asked for, or the reply was deleted with its conversation."""
-    return not Message.objects.filter(pk=reply_id, stop_requested=False).exists()
 
 
 def _ensure_idle(conversation: Conversation) -> None:
@@ -250,13 +203,6 @@ def conversation_select_leaf(*, conversation: Conversation, message_id: int | st
     return leaf
 
 
-def reply_mark_streaming(*, reply: Message, served_by: str = "") -> Message:
-    reply.status = Message.Status.STREAMING
-    reply.served_by = served_by or reply.served_by
-    reply.save(update_fields=["status", "served_by", "updated_at"])
-    return reply
-
-
 def user_message_store_segment(*, message: Message, token_ids: list[int]) -> None:
     """Keep the ids a user message contributed, once: later prompts reuse them verbatim."""
     if not message.token_ids:
@@ -264,30 +210,3 @@ def user_message_store_segment(*, message: Message, token_ids: list[int]) -> Non
         message.save(update_fields=["token_ids", "updated_at"])
 
 
-def reply_finish(
-    *,
-    reply: Message,
-    status: str,
-    content: str = "",
-    generated_token_ids: list[int] | None = None,
-    segment_token_ids: list[int] | None = None,
-    prompt_tokens: int | None = None,
-    cached_tokens: int | None = None,
-    ttft: float | None = None,
-    finish_reason: str = "",
-    error: str = "",
-) -> Message:
-    """Record how a reply ended (done, stopped or error), with its ids and usage."""
-    generated = list(generated_token_ids or [])
-    reply.status = status
-    reply.content = content
-    reply.generated_token_ids = generated
-    reply.token_ids = list(segment_token_ids or [])
-    reply.prompt_tokens = prompt_tokens
-    reply.cached_tokens = cached_tokens
-    reply.completion_tokens = len(generated) if prompt_tokens is not None else None
-    reply.ttft = ttft
-    reply.finish_reason = finish_reason or ""
-    reply.error = error
-    reply.save()
-    return reply

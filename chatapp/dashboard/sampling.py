@@ -62,16 +62,22 @@ def samples_prune(*, now=None) -> int:
     return deleted
 
 
+def prefix_cache_reset_local(*, engine, engine_id: str) -> None:
+    """Reset this process's engine now: cached-free blocks lose their hashes (blocks in
+    use by running requests are untouched, as in vLLM)."""
+    engine.reset_prefix_cache()
+    EngineStatus.objects.filter(engine_id=engine_id).update(reset_done_at=timezone.now())
+    log.warning("Prefix cache of engine %s reset", engine_id)
+
+
 def _apply_requested_reset(engine, engine_id: str) -> None:
     """Carry out a reset the dashboard of some web process asked of this engine."""
-    from chatapp.dashboard import services
-
     status = EngineStatus.objects.filter(engine_id=engine_id).first()
     if status is None or status.reset_requested_at is None:
         return
     if status.reset_done_at is not None and status.reset_done_at >= status.reset_requested_at:
         return
-    services.prefix_cache_reset_local(engine=engine, engine_id=engine_id)
+    prefix_cache_reset_local(engine=engine, engine_id=engine_id)
 
 
 def engine_sample_local() -> bool:

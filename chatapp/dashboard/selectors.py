@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from django.utils import timezone
 from chatapp.chat.models import Message
 from chatapp.dashboard import engines, stats
 from chatapp.dashboard.models import EngineStatus
+from chatapp.prompts.services import builder_for
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,6 @@ def _finished_replies():
     return Message.objects.filter(role=Message.Role.ASSISTANT, prompt_tokens__isnull=False)
 
 
-@functools.cache
-def _builder(tokenizer, block_size: int):
-    from chatapp.prompts.services import PromptBuilder
-
-    return PromptBuilder(tokenizer, block_size=block_size)
-
-
 def shared_prefix_lengths(keys) -> dict[tuple[str, str], int | None]:
     """The block-aligned system segment length of each (preset, version): from the prompts
     this process recorded, else rendered with the loaded engine's tokenizer."""
@@ -106,7 +99,7 @@ def shared_prefix_lengths(keys) -> dict[tuple[str, str], int | None]:
         if engine is None:
             continue
         try:
-            ids = _builder(engine.tokenizer, settings.LLM_BLOCK_SIZE).system_segment(
+            ids = builder_for(engine.tokenizer).system_segment(
                 key[0], key[1] or None
             )
             found[key] = len(ids)

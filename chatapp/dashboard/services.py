@@ -9,21 +9,13 @@ from django.utils import timezone
 
 from chatapp.dashboard import engines
 from chatapp.dashboard.models import EngineStatus
-from chatapp.dashboard.sampling import snapshot_record
+from chatapp.dashboard.sampling import prefix_cache_reset_local, snapshot_record
 
 log = logging.getLogger(__name__)
 
 
 class UnknownEngine(Exception):
     pass
-
-
-def prefix_cache_reset_local(*, engine, engine_id: str) -> None:
-    """Reset this process's engine now: cached-free blocks lose their hashes (blocks in
-    use by running requests are untouched, as in vLLM)."""
-    engine.reset_prefix_cache()
-    EngineStatus.objects.filter(engine_id=engine_id).update(reset_done_at=timezone.now())
-    log.warning("Prefix cache of engine %s reset", engine_id)
 
 
 def prefix_cache_reset(*, engine_id: str, user) -> str:

@@ -1,8 +1,10 @@
-"""Where a reply is generated: on this process's embedded engine, or by a Celery worker.
+"""Where a generation runs: on this process's embedded engine, or on a Celery worker.
 
-The rule (reply_goes_to_worker), with no broker configured always "embedded":
-- a reply allowed at least CELERY_REPLY_MIN_TOKENS new tokens (CHAT_MAX_NEW_TOKENS)
-  is a long generation: a worker makes it, the web process stays free;
+One rule for chat replies and /v1 requests (reply_goes_to_worker), with no broker
+configured always "embedded":
+- a generation allowed at least CELERY_REPLY_MIN_TOKENS new tokens (a chat reply's
+  CHAT_MAX_NEW_TOKENS, a request's max_tokens) is a long one: a worker makes it,
+  the web process stays free;
 - while the embedded engine has CELERY_EMBEDDED_MAX_WAITING requests waiting, every
   new reply goes to a worker rather than queue behind them.
 Either threshold at 0 turns its part off.
@@ -17,11 +19,12 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
+from kombu.exceptions import OperationalError
 
-from chatapp.chat import services as chat_services
+from chatapp.celery import app as celery_app
 from chatapp.chat.errors import ChatError
 from chatapp.chat.models import Message
-from chatapp.generation import router
+from chatapp.generation import lifecycle, registry, router
 from chatapp.generation.engine import loaded_engine
 
 log = logging.getLogger(__name__)
@@ -56,14 +59,14 @@ def _embedded_waiting() -> int | None:
     return int(engine.metrics().get("num_waiting", 0))
 
 
-def use_worker() -> bool:
-    """Whether the next chat reply goes to a Celery worker, by the configured rule."""
+def use_worker(*, max_new_tokens: int) -> bool:
+    """Whether a generation allowed `max_new_tokens` goes to a Celery worker."""
     broker_configured = bool(settings.CELERY_BROKER_URL)
     max_waiting = settings.CELERY_EMBEDDED_MAX_WAITING
     # The engine's snapshot is read only when its queue can decide (not on every send).
     use_queue = broker_configured and max_waiting > 0
     return reply_goes_to_worker(
-        max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
+        max_new_tokens=max_new_tokens,
         embedded_waiting=_embedded_waiting() if use_queue else None,
         broker_configured=broker_configured,
         min_tokens=settings.CELERY_REPLY_MIN_TOKENS,
@@ -71,20 +74,40 @@ def use_worker() -> bool:
     )
 
 
+REPLY_TASK = "chatapp.generation.generate_reply"
+COMPLETION_TASK = "chatapp.generation.generate_completion"
+
+
 def enqueue_reply(*, reply: Message) -> str:
     """Queue the generation of the pending `reply` (on the queue the router picks); returns
     the queue. GenerationUnavailable, with the reply marked failed, if the broker is down."""
-    from kombu.exceptions import OperationalError
-
-    from chatapp.generation.tasks import generate_reply
-
     queue = router.queue_for_reply(reply)
     try:
-        generate_reply.apply_async((reply.pk,), queue=queue, retry=True)
+        celery_app.send_task(REPLY_TASK, (reply.pk,), queue=queue, retry=True)
     except OperationalError:
         log.exception("Queueing reply %s failed", reply.pk)
         reply.refresh_from_db()
-        chat_services.reply_finish(reply=reply, status=Message.Status.ERROR,
-                                   finish_reason="error", error=UNAVAILABLE)
+        lifecycle.reply_finish(reply=reply, status=Message.Status.ERROR,
+                               finish_reason="error", error=UNAVAILABLE)
         raise GenerationUnavailable(UNAVAILABLE) from None
     return queue
+
+
+def completion_queue(*, max_tokens: int, affinity: str) -> str | None:
+    """The worker queue a /v1 request goes to, or None to run it here. Streaming back
+    needs the worker registry's Redis, so with another broker requests stay here."""
+    if not registry.available() or not use_worker(max_new_tokens=max_tokens):
+        return None
+    return router.queue_for(preferred=router.affinity_worker(affinity))
+
+
+def enqueue_completion(*, job: dict, channel: str, queue: str) -> None:
+    """Queue a /v1 request for a worker, which streams to `channel`."""
+    try:
+        celery_app.send_task(COMPLETION_TASK, (job, channel), queue=queue, retry=True)
+    except OperationalError:
+        log.exception("Queueing completion %s failed", job.get("request_id"))
+        raise GenerationUnavailable(
+            "The request could not be queued: the generation service is unavailable. "
+            "Try again in a moment."
+        ) from None

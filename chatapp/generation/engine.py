@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 _engine = None
 _lock = threading.Lock()
+_tokenizer = None
 
 
 def engine_config():
@@ -47,13 +48,36 @@ def get_engine():
     if _engine is None:
         with _lock:
             if _engine is None:
-                from inference import AsyncEngine
+                from inference import AsyncEngine, LLMEngine
 
                 config = engine_config()
                 log.info("Loading model %s on %s (%s)...", config.model, config.device, config.dtype)
-                _engine = AsyncEngine(config)
+                # The tokenizer loaded already (get_tokenizer) is kept: one per process.
+                _engine = AsyncEngine(engine=LLMEngine(config, tokenizer=_tokenizer))
                 log.info("Model loaded.")
     return _engine
+
+
+def get_tokenizer():
+    """The process's tokenizer, without loading the model when the engine is not loaded
+    (a web process whose generations all run on workers still builds their prompts)."""
+    global _tokenizer
+    if _engine is not None:
+        return _engine.tokenizer
+    with _lock:
+        if _engine is not None:
+            return _engine.tokenizer
+        if _tokenizer is None:
+            from inference.loader import load_tokenizer
+
+            _tokenizer = load_tokenizer(settings.LLM_MODEL, settings.LLM_MODEL_CACHE)
+        return _tokenizer
+
+
+async def aget_tokenizer():
+    if _engine is not None:
+        return _engine.tokenizer
+    return await asyncio.to_thread(get_tokenizer)
 
 
 def loaded_engine():

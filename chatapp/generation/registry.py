@@ -133,3 +133,25 @@ def sweep_dead(now: float | None = None) -> int:
     if moved:
         log.warning("Moved %d task(s) of dead workers to the shared queue %s", moved, shared)
     return moved
+
+
+# -- affinity of stateless conversations (/v1) ---------------------------------------
+
+
+def _affinity_key(key: str) -> str:
+    return f"prefixchat:affinity:{settings.CELERY_SHARED_QUEUE}:{key}"
+
+
+def remember_affinity(key: str, worker_name: str) -> None:
+    """`worker_name` holds the prefix named by `key` now (for as long as replies' ids are
+    remembered: a client coming back later finds it there, or the blocks are gone anyway)."""
+    if key:
+        client().set(_affinity_key(key), worker_name, ex=settings.API_REMEMBER_IDS_TTL_S)
+
+
+def affinity(key: str) -> str:
+    if not key:
+        return ""
+    value = client().get(_affinity_key(key))
+    return value.decode() if value else ""
+

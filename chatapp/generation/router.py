@@ -4,7 +4,10 @@ Each worker's prefix cache is its own, so where the next turn of a conversation 
 decides whether its history is a cache hit. The preferred worker is the one that
 served the conversation's last reply; for a conversation's first turn, the one that
 last served the same owner's conversation with the same preset (its system segment is
-warm there: blocks are salted per owner). When the preferred worker is gone or has more
+warm there: blocks are salted per owner). A stateless /v1 conversation has no row: its
+turns are known by the tenant's salt and the prompt up to the end of its first
+non-system message (conversation_key), and the worker that ran the last turn of that
+key is preferred. When the preferred worker is gone or has more
 than CELERY_AFFINITY_MAX_QUEUE tasks waiting, the least-loaded live worker takes the
 turn; with no preference, or no live worker to spare, the shared queue does (the first
 free worker picks it up).
@@ -12,6 +15,7 @@ free worker picks it up).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -83,10 +87,14 @@ def live_candidates() -> list[Candidate]:
 
 def queue_for_reply(reply: Message) -> str:
     """The queue the generation task of `reply` goes to."""
+    return queue_for(preferred=preferred_worker(reply) if registry.available() else "")
+
+
+def queue_for(*, preferred: str) -> str:
+    """The queue for a generation whose prefix `preferred` (a worker, or "") likely holds."""
     shared = settings.CELERY_SHARED_QUEUE
     if not registry.available():
         return shared
-    preferred = preferred_worker(reply)
     try:
         candidates = live_candidates()
     except Exception:
@@ -95,3 +103,20 @@ def queue_for_reply(reply: Message) -> str:
         return shared
     return choose_queue(preferred=preferred, candidates=candidates,
                         max_queue=settings.CELERY_AFFINITY_MAX_QUEUE, shared_queue=shared)
+
+
+def conversation_key(*, cache_salt: str, plan) -> str:
+    """A stateless conversation's name: its tenant's salt and its prompt up to the end of
+    the first message after the system prompt; every later turn starts the same way."""
+    end = next((seg.end for seg in plan.segments if seg.kind != "system"), len(plan.token_ids))
+    digest = hashlib.sha256(cache_salt.encode())
+    digest.update(",".join(map(str, plan.token_ids[:end])).encode())
+    return digest.hexdigest()[:32]
+
+
+def affinity_worker(key: str) -> str:
+    try:
+        return registry.affinity(key)
+    except Exception:
+        log.warning("Reading the affinity of %s failed", key, exc_info=True)
+        return ""

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.conf import settings
 
-from chatapp.chat.services import Claim
 from chatapp.generation import worker
+from chatapp.generation.dispatch import COMPLETION_TASK, REPLY_TASK
+from chatapp.generation.lifecycle import Claim
 
 
 @shared_task(
     bind=True,
-    name="chatapp.generation.generate_reply",
+    name=REPLY_TASK,
     acks_late=True,
     reject_on_worker_lost=True,
     max_retries=None,
@@ -21,9 +23,15 @@ def generate_reply(self, reply_id: int) -> dict:
     Idempotent by reply id: a copy delivered while another generation holds the reply
     comes back later; one delivered after the reply ended does nothing.
     """
-    from django.conf import settings
-
     result = worker.generate(reply_id, holder=worker.worker_name(self.request.hostname))
     if result["outcome"] == Claim.BUSY:
         raise self.retry(countdown=max(1.0, settings.CHAT_HEARTBEAT_S))
     return result
+
+
+# Acknowledged on receipt: the client streams from this run alone, so a copy run again
+# after a lost worker would write to a channel nobody reads (the client saw it fail).
+@shared_task(bind=True, name=COMPLETION_TASK, acks_late=False, reject_on_worker_lost=False)
+def generate_completion(self, job: dict, channel: str) -> dict:
+    """Run a /v1 request, streaming its outputs to the web process's `channel`."""
+    return worker.complete(job, channel, holder=worker.worker_name(self.request.hostname))

@@ -10,6 +10,7 @@ child (concurrency 1) loads the engine as it starts and beats into the registry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 
@@ -17,9 +18,11 @@ from celery.signals import celeryd_after_setup, worker_process_init, worker_proc
 from django.conf import settings
 from django.db import close_old_connections
 
-from chatapp.chat import services as chat_services
-from chatapp.chat.services import Claim
-from chatapp.generation import registry
+from chatapp import startup
+from chatapp.generation import registry, remote, replies
+from chatapp.generation.engine import loaded_engine
+from chatapp.generation.lifecycle import Claim, reply_claim
+from chatapp.generation.requests import Job
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +46,14 @@ def _setup_worker(sender: str, instance, **kwargs) -> None:
 
 @worker_process_init.connect
 def _start_child(**kwargs) -> None:
-    """In the pool child: load the engine in the background (the child must report ready
-    within seconds), start beating, and sample the dashboard like a web process."""
-    from chatapp.dashboard.sampling import start_sampler
-    from chatapp.generation.engine import preload_in_background
-
-    preload_in_background()
+    """In the pool child: start as a web process does, loading the engine in the
+    background (the child must report ready within seconds), and start beating."""
+    startup.start_process(preload=True)
     if _name and registry.available():
         global _beats
         _beats = threading.Event()
         threading.Thread(target=_beat_loop, args=(_beats,), name="worker-beat",
                          daemon=True).start()
-    start_sampler()
 
 
 @worker_process_shutdown.connect
@@ -68,8 +67,6 @@ def _stop_child(**kwargs) -> None:
 
 
 def _beat_once() -> None:
-    from chatapp.generation.engine import loaded_engine
-
     try:
         registry.beat(_name, active=_active, ready=loaded_engine() is not None)
         registry.sweep_dead()
@@ -94,27 +91,46 @@ def generate(reply_id: int, *, holder: str) -> dict:
     {"outcome": "generated" | "superseded" | "finished" | "gone" | "busy", ...}; "busy"
     means another live generation holds the reply and the caller should try again later.
     """
-    from chatapp.generation.services import run_reply
-
     close_old_connections()
     # With one pool child, prefetch 1 and late acks, this worker gets no other task while
     # it generates: a reply it holds already was left by a child that was killed.
-    outcome, lease = chat_services.reply_claim(reply_id=reply_id, holder=holder,
-                                               reclaim_own=_concurrency == 1)
+    outcome, lease = reply_claim(reply_id=reply_id, holder=holder, reclaim_own=_concurrency == 1)
     if outcome != Claim.CLAIMED:
         return {"reply_id": reply_id, "outcome": outcome, "worker": holder}
-    global _active
-    _active += 1
-    _beat_once()  # the router sees the load now, not at the next beat
-    try:
-        # A fresh event loop per task: the engine streams to whichever loop asks, and a
-        # soft time limit raised in here cancels run_reply, which keeps the partial text.
-        final = asyncio.run(run_reply(reply_id, lease=lease))
-    finally:
-        _active -= 1
-        _beat_once()
-        close_old_connections()
+    # A fresh event loop per task: the engine streams to whichever loop asks, and a
+    # soft time limit raised in here cancels run_reply, which keeps the partial text.
+    with _busy():
+        final = asyncio.run(replies.run_reply(reply_id, lease=lease))
     if not final:  # taken over by another worker meanwhile, or deleted: nothing written
         return {"reply_id": reply_id, "outcome": "superseded", "worker": holder}
     return {"reply_id": reply_id, "outcome": "generated", "worker": holder,
             "status": final.get("status")}
+
+
+def complete(job: dict, channel: str, *, holder: str) -> dict:
+    """Run a /v1 request for the web process that streams it from `channel`; this worker
+    then holds the conversation's prefix, so its next turn is routed here."""
+    request = Job.from_dict(job)
+    with _busy():
+        result = asyncio.run(remote.serve(request, channel))
+    try:
+        registry.remember_affinity(request.affinity, holder)
+    except Exception:
+        log.warning("Recording the affinity of %s failed", request.request_id, exc_info=True)
+    return {**result, "request_id": request.request_id, "worker": holder}
+
+
+@contextlib.contextmanager
+def _busy():
+    """Count a running task: the router sees the load now, not at the next beat."""
+    global _active
+    close_old_connections()
+    _active += 1
+    _beat_once()
+    try:
+        yield
+    finally:
+        _active -= 1
+        _beat_once()
+        close_old_connections()
+

@@ -6,7 +6,8 @@ Modules, one job each:
   presets    versioned system-prompt presets (templates/prompts/presets/)
   formats    chat formats: how roles are wrapped (templates/prompts/formats/)
   encoding   text -> token ids without letting user text forge special tokens
-  services   PromptBuilder / PromptPlan: the prompts the engine receives
+  services   PromptBuilder / PromptPlan: the prompts the engine receives; the text rules
+  catalog    the presets a conversation can start with, as the chat shows them
   lint       the stability linter (`manage.py prompts lint`)
   profile    recent prompts side by side (`manage.py prompts profile`)
 """

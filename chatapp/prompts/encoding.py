@@ -12,6 +12,21 @@ from __future__ import annotations
 
 import re
 
+from chatapp.prompts.errors import InvalidText
+
+# A lone surrogate (from JSON "\ud800") cannot be encoded as UTF-8, so the tokenizer
+# would fail deep inside; a NUL is never meant as text and some clients send it by mistake.
+_BAD_TEXT = re.compile("[\\ud800-\\udfff\\x00]")
+
+
+def check_text(text: str, what: str = "the text") -> str:
+    """`text` if a tokenizer may see it; InvalidText naming `what` otherwise."""
+    bad = _BAD_TEXT.search(text)
+    if bad is not None:
+        kind = "a NUL character" if bad.group() == "\x00" else "a lone UTF-16 surrogate"
+        raise InvalidText(f"{what} contains {kind} at position {bad.start()}")
+    return text
+
 
 class TokenEncoder:
     def __init__(self, tokenizer):
@@ -37,6 +52,7 @@ class TokenEncoder:
         """Content: special-token strings stay plain text."""
         if not text:
             return []
+        check_text(text)
         backend = self._backend
         if backend is None or backend.model is None:
             return list(

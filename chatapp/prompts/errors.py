@@ -15,6 +15,10 @@ class MessageTooLong(PromptError):
     pass
 
 
+class InvalidText(PromptError):
+    """Text no tokenizer should see: a lone UTF-16 surrogate or a NUL character."""
+
+
 class ContextLengthExceeded(PromptError):
     def __init__(self, prompt_tokens: int, max_new_tokens: int, max_model_len: int):
         self.prompt_tokens = prompt_tokens

@@ -17,6 +17,7 @@ tokenize differently from how it was generated ("\\n"+"\\n" vs "\\n\\n").
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import threading
@@ -25,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from chatapp.prompts.encoding import TokenEncoder
+from chatapp.prompts.encoding import TokenEncoder, check_text
 from chatapp.prompts.errors import (
     ContextLengthExceeded,
     EmptyMessage,
@@ -45,12 +46,35 @@ __all__ = [
     "PromptError",
     "PromptPlan",
     "Segment",
+    "builder_for",
     "cache_salt_for",
+    "check_user_text",
     "default_block_size",
     "prefix_hash",
 ]
 
 DEFAULT_MAX_USER_CHARS = 16000
+
+
+def check_user_text(text: object, max_chars: int | None = None) -> str:
+    """The rules a user's message obeys, wherever it arrives (chat page, conversations
+    API, /v1): text, not blank, not over the limit, nothing a tokenizer can't take."""
+    if not isinstance(text, str):
+        raise EmptyMessage("a message must be text")
+    if not text.strip():
+        raise EmptyMessage("the message is empty")
+    limit = max_chars if max_chars is not None else int(
+        _setting("MAX_USER_MESSAGE_CHARS", DEFAULT_MAX_USER_CHARS)
+    )
+    if len(text) > limit:
+        raise MessageTooLong(f"the message has {len(text)} characters; the limit is {limit}")
+    return check_text(text, "the message")
+
+
+@functools.cache
+def builder_for(tokenizer) -> PromptBuilder:
+    """The process's one builder for `tokenizer` (it caches encoded system segments)."""
+    return PromptBuilder(tokenizer)
 
 
 def _setting(name: str, default):
@@ -282,20 +306,10 @@ class PromptBuilder:
         at = len(ids) - len(eot) if eot and ids[-len(eot) :] == eot else len(ids)
         return ids[:at] + [self.filler_id] * pad + ids[at:]
 
-    def _check_user_text(self, text: str) -> None:
-        if not isinstance(text, str):
-            raise EmptyMessage("a message must be text")
-        if not text.strip():
-            raise EmptyMessage("the message is empty")
-        if len(text) > self.max_user_chars:
-            raise MessageTooLong(
-                f"the message has {len(text)} characters; the limit is {self.max_user_chars}"
-            )
-
     def user_segment(self, text: str, *, opening: bool = False) -> list[int]:
         """The whole user turn, end of turn included. `opening`: it starts the conversation
         (no system prompt), so formats that open with BOS get it here."""
-        self._check_user_text(text)
+        check_user_text(text, self.max_user_chars)
         parts = (
             self.chat_format.opening_parts("user", text)
             if opening
@@ -409,6 +423,30 @@ class PromptBuilder:
         msgs = [_normalise(m, i) for i, m in enumerate(messages)]
         if not msgs:
             raise InvalidMessages("messages must not be empty")
+        return self.build_from_turns(
+            msgs,
+            max_model_len=max_model_len,
+            max_new_tokens=max_new_tokens,
+            assistant_ids_lookup=assistant_ids_lookup,
+            add_generation_prompt=add_generation_prompt,
+            cache_salt=cache_salt,
+        )
+
+    def build_from_turns(
+        self,
+        turns: Sequence[tuple[str, str]],
+        *,
+        max_model_len: int | None = None,
+        max_new_tokens: int = 0,
+        assistant_ids_lookup: Callable[[str], Sequence[int] | None] | None = None,
+        add_generation_prompt: bool = True,
+        cache_salt: str | None = None,
+    ) -> PromptPlan:
+        """build_from_messages for (role, text) turns whose shape the caller has checked
+        (the /v1 parser does): roles system, user or assistant, text content."""
+        msgs = list(turns)
+        for i, (_, text) in enumerate(msgs):
+            check_text(text, f"messages[{i}].content")  # before any lookup hashes the text
         pieces: list[tuple[str, list[int]]] = []
         shared = 0
         if msgs[0][0] == "system":

@@ -1,18 +1,17 @@
-"""Chat completions: an OpenAI-style request through the stable prompt path to the engine.
+"""Chat completions: an OpenAI-style request through the stable prompt path to a
+generation (chatapp.generation.requests), here or on a worker, and back as OpenAI bodies.
 
-The prompt comes from PromptBuilder.build_from_messages, the same block-aligned
-path as the chat UI; assistant messages whose text this tenant's earlier replies
-produced are spliced back as the exact ids generated (see RememberedReply). The
-engine request runs under the key's tenant salt, so tenants never share blocks.
+The prompt comes from the process's one PromptBuilder, the same block-aligned path
+as the chat UI; assistant messages whose text this tenant's earlier replies produced
+are spliced back as the exact ids generated (see RememberedReply). The request runs
+under the key's tenant salt, so tenants never share blocks.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
@@ -22,8 +21,11 @@ from chatapp.api import selectors, services
 from chatapp.api.errors import OpenAIError, internal, invalid
 from chatapp.api.models import ApiKey
 from chatapp.api.v1.parsing import CompletionRequest
-from chatapp.prompts.errors import ContextLengthExceeded, PromptError
-from chatapp.prompts.services import PromptBuilder, cache_salt_for
+from chatapp.generation import dispatch, remote, router
+from chatapp.generation.engine import aget_tokenizer
+from chatapp.generation.requests import Generation, Job, Options, run_here
+from chatapp.prompts.errors import PromptError
+from chatapp.prompts.services import builder_for, cache_salt_for
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +42,6 @@ def check_model(name: str) -> None:
             param="model",
             code="model_not_found",
         )
-
-
-@functools.cache
-def _builder(tokenizer) -> PromptBuilder:
-    # One per tokenizer: it caches the encoded system segments clients repeat.
-    return PromptBuilder(tokenizer, block_size=settings.LLM_BLOCK_SIZE)
 
 
 def tenant_of(key: ApiKey) -> str:
@@ -68,58 +64,50 @@ def request_salt(key: ApiKey, requested: str | None) -> str:
 
 @dataclass
 class Prepared:
-    token_ids: list[int]
-    max_tokens: int
-    salt: str
+    job: Job
     tenant: str
-    stop_token_ids: list[int]
+    stop_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return list(self.job.prompt_ids)
 
 
-def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, max_model_len: int) -> Prepared:
-    """Build the prompt (sync: it reads the remembered ids and tokenizes)."""
-    builder = _builder(tokenizer)
+def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
+    """Build the prompt and the job (sync: it reads the remembered ids and tokenizes)."""
+    builder = builder_for(tokenizer)
     tenant = tenant_of(key)
     salt = request_salt(key, req.cache_salt)
-    texts = [_text(m) for m in req.messages if m.get("role") == "assistant"]
-    remembered = selectors.remembered_ids(tenant=tenant, texts=texts)
+    turns = req.turns
+    remembered: dict[str, list[int]] | None = None
+
+    def lookup(text: str) -> list[int] | None:
+        # Fetched once, on the builder's first assistant turn (after its text checks).
+        nonlocal remembered
+        if remembered is None:
+            texts = [t for role, t in turns if role == "assistant"]
+            remembered = selectors.remembered_ids(tenant=tenant, texts=texts)
+        return remembered.get(text)
+
     try:
-        plan = builder.build_from_messages(
-            req.messages,
-            max_model_len=max_model_len,
-            max_new_tokens=req.max_tokens or 1,
-            assistant_ids_lookup=remembered.get,
-            cache_salt=salt,
-        )
-    except ContextLengthExceeded as exc:
-        raise invalid(
-            f"This model's maximum context length is {exc.max_model_len} tokens. However, you "
-            f"requested {exc.prompt_tokens + exc.max_new_tokens} tokens ({exc.prompt_tokens} in "
-            f"the messages, {exc.max_new_tokens} in the completion). Please reduce the length "
-            "of the messages or completion.",
-            "messages",
-            "context_length_exceeded",
-        ) from None
+        plan = builder.build_from_turns(turns, assistant_ids_lookup=lookup, cache_salt=salt)
     except PromptError as exc:
         raise invalid(_sentence(str(exc)), "messages", "invalid_value") from None
-    room = max_model_len - len(plan.token_ids)
-    max_tokens = req.max_tokens or min(settings.API_DEFAULT_MAX_TOKENS, room)
-    stop_ids = set(builder.stop_token_ids)
-    if tokenizer.eos_token_id is not None:
-        stop_ids.add(int(tokenizer.eos_token_id))
-    return Prepared(
-        token_ids=list(plan.token_ids),
-        max_tokens=max_tokens,
-        salt=salt,
-        tenant=tenant,
-        stop_token_ids=sorted(stop_ids),
+    job = Job(
+        prompt_ids=plan.token_ids,
+        cache_salt=salt,
+        options=Options(
+            max_tokens=req.max_tokens,
+            default_max_tokens=settings.API_DEFAULT_MAX_TOKENS,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            n=req.n,
+            seed=req.seed,
+            stop=tuple(req.stop),
+        ),
+        affinity=router.conversation_key(cache_salt=salt, plan=plan),
     )
-
-
-def _text(message: dict) -> str:
-    content = message.get("content") or ""
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return content
+    return Prepared(job=job, tenant=tenant, stop_token_ids=sorted(builder.stop_token_ids))
 
 
 def _sentence(text: str) -> str:
@@ -128,106 +116,33 @@ def _sentence(text: str) -> str:
 
 
 @dataclass
-class Choice:
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # as OpenAI names it
-    engine_reason: str | None = None  # as the engine said it
-    started: bool = False
-
-
-@dataclass
 class Completion:
-    """One running request: call start() (raises OpenAIError for a bad request), then
-    consume events() to the end, or let it be closed (which aborts the engine request)."""
+    """One running request as OpenAI bodies: its Generation (started, so a refused
+    request was answered with a status code before any byte of a stream) and the ids
+    and timestamps of the response."""
 
     key: ApiKey
     req: CompletionRequest
-    engine: object
     prepared: Prepared
+    generation: Generation
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
-    choices: dict[int, Choice] = field(default_factory=dict)
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    _stream: AsyncIterator | None = None
-    _first: object = None
 
     @property
-    def request_id(self) -> str:
-        return f"api-{self.id}"
+    def choices(self):
+        return self.generation.choices
 
-    def params(self):
-        from inference import SamplingParams
+    def outputs(self):
+        return self.generation.outputs()
 
-        return SamplingParams(
-            max_tokens=self.prepared.max_tokens,
-            temperature=self.req.temperature,
-            top_p=self.req.top_p,
-            n=self.req.n,
-            seed=self.req.seed,
-            stop=list(self.req.stop),
-            stop_token_ids=self.prepared.stop_token_ids,
-        )
-
-    async def start(self) -> None:
-        """Send the request and wait for its first output, so a request the engine refuses
-        is answered with a status code, before any byte of a stream."""
-        from inference import InvalidRequestError
-
-        self.choices = {i: Choice(i) for i in range(self.req.n)}
-        self._stream = self.engine.generate(
-            self.prepared.token_ids,
-            self.params(),
-            request_id=self.request_id,
-            cache_salt=self.prepared.salt,
-        )
-        try:
-            self._first = await self._stream.__anext__()
-        except InvalidRequestError as exc:
-            raise invalid(str(exc), exc.param, exc.code) from None
-        except StopAsyncIteration:
-            raise internal() from None
-
-    async def outputs(self):
-        """The engine's outputs, the first (already received) included; records each."""
-        pending = [self._first] if self._first is not None else []
-        self._first = None
-        try:
-            for out in pending:
-                self._record(out)
-                yield out
-            async for out in self._stream:
-                self._record(out)
-                yield out
-        finally:
-            await self._stream.aclose()  # aborts the engine request if it is still running
-
-    def _record(self, out) -> None:
-        if out.index == 0 or not self.prompt_tokens:
-            self.prompt_tokens = out.prompt_tokens
-            self.cached_tokens = out.cached_tokens
-        choice = self.choices.setdefault(out.index, Choice(out.index))
-        choice.text = out.text
-        choice.token_ids = list(out.token_ids)
-        if out.finished:
-            if out.finish_reason == "error":
-                log.error("Completion %s failed: %s", self.id, out.error)
-                raise internal()
-            # "abort" only comes from our own stop (client gone): report it as a stop.
-            choice.finish_reason = "length" if out.finish_reason == "length" else "stop"
-            choice.engine_reason = out.finish_reason
+    def check(self, out) -> None:
+        """A sample that failed inside the engine fails the response (no internals shown)."""
+        if out.finished and out.finish_reason == "error":
+            log.error("Completion %s failed: %s", self.id, out.error)
+            raise internal()
 
     def usage(self) -> dict:
-        completion = sum(len(c.token_ids) for c in self.choices.values())
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": self.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": 0},
-        }
+        return {**self.generation.usage(), "completion_tokens_details": {"reasoning_tokens": 0}}
 
     async def remember(self) -> None:
         """Keep the ids of every reply that can come back as history (see RememberedReply).
@@ -235,11 +150,11 @@ class Completion:
         A reply cut by a stop *string* is not kept: its ids carry text the client never
         saw, so splicing them would put words into the history the client did not send.
         """
-        stop_ids = set(self.prepared.stop_token_ids)
+        eos_like = set(self.prepared.stop_token_ids)
         keep = []
         for c in self.choices.values():
             reason = c.engine_reason
-            ended_by_eos = reason == "stop" and c.token_ids and c.token_ids[-1] in stop_ids
+            ended_by_eos = reason == "stop" and c.token_ids and c.token_ids[-1] in eos_like
             if reason == "length" or ended_by_eos:
                 keep.append((c.text, c.token_ids))
         if keep:
@@ -279,14 +194,25 @@ class Completion:
 
 
 async def open_completion(*, key: ApiKey, req: CompletionRequest) -> Completion:
-    """Prepare and start a completion; OpenAIError for anything the client got wrong."""
-    from chatapp.generation.engine import aget_engine
+    """Prepare and start a completion, here or on a worker by the dispatch rule;
+    OpenAIError for anything the client got wrong."""
+    from inference import InvalidRequestError
 
-    check_model(req.model)
-    engine = await aget_engine()
-    prepared = await sync_to_async(prepare)(
-        key=key, req=req, tokenizer=engine.tokenizer, max_model_len=engine.max_model_len
+    tokenizer = await aget_tokenizer()
+    prepared = await sync_to_async(prepare)(key=key, req=req, tokenizer=tokenizer)
+    job = prepared.job
+    queue = await sync_to_async(dispatch.completion_queue)(
+        max_tokens=job.options.max_tokens or job.options.default_max_tokens,
+        affinity=job.affinity,
     )
-    completion = Completion(key=key, req=req, engine=engine, prepared=prepared)
-    await completion.start()
-    return completion
+    source = run_here if queue is None else (lambda j: remote.relay(j, queue))
+    generation = Generation(job, source)
+    try:
+        await generation.start()
+    except InvalidRequestError as exc:
+        raise invalid(str(exc), exc.param, exc.code) from None
+    except dispatch.GenerationUnavailable as exc:
+        raise OpenAIError(503, exc.message, code="service_unavailable") from None
+    except StopAsyncIteration:
+        raise internal() from None
+    return Completion(key=key, req=req, prepared=prepared, generation=generation)

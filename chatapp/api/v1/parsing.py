@@ -35,6 +35,19 @@ class CompletionRequest:
     user: str | None = None
     cache_salt: str | None = None
 
+    @property
+    def turns(self) -> list[tuple[str, str]]:
+        """The messages as (role, text), parts joined, "developer" as "system"."""
+        return [_turn(m) for m in self.messages]
+
+
+def _turn(message: dict) -> tuple[str, str]:
+    role = "system" if message["role"] == "developer" else message["role"]
+    content = message.get("content") or ""
+    if isinstance(content, list):
+        content = "".join(part["text"] for part in content)
+    return role, content
+
 
 def parse_json(body: bytes) -> dict:
     try:

@@ -2,8 +2,8 @@
 
 Async so that a stream holds no thread while it waits for tokens, and so that
 Django's disconnect handling reaches us: when the client goes, Django cancels the
-view (or closes the stream), `Completion.outputs()` closes the engine's stream,
-and that aborts the engine request.
+view (or closes the stream), `Completion.outputs()` closes the generation's stream,
+and that aborts the request, on this process's engine or on a worker.
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             response["X-Accel-Buffering"] = "no"  # proxies must not hold the stream back
             slot = None  # the stream releases it
             return response
-        async for _ in completion.outputs():
-            pass
+        async for out in completion.outputs():
+            completion.check(out)
         await completion.remember()
         return JsonResponse(completion.completion_body())
     except OpenAIError as exc:
@@ -105,6 +105,7 @@ async def _sse(completion: completions.Completion, slot: Slot) -> AsyncIterator[
     its first token (carrying the role), never before: clients time TTFT on it."""
     try:
         async for out in completion.outputs():
+            completion.check(out)
             choice = completion.choices[out.index]
             if out.text_delta or not choice.started:
                 delta = {"content": out.text_delta}

@@ -67,8 +67,7 @@ def test_remembered_ids_are_spliced_for_their_tenant_only(tokenizer, django_user
     services.replies_remember(tenant=completions.tenant_of(ann_key), replies=[(REPLY, generated)])
 
     def prompt(key: ApiKey) -> list[int]:
-        return completions.prepare(key=key, req=_request(), tokenizer=tokenizer,
-                                   max_model_len=8192).token_ids
+        return completions.prepare(key=key, req=_request(), tokenizer=tokenizer).token_ids
 
     assert _contains(prompt(ann_key), generated)
     assert not _contains(prompt(ben_key), generated)  # ben's tenant never generated it

@@ -1,5 +1,7 @@
 """The chat WebSocket against the real embedded engine (SmolLM2) and the real database."""
 
+import asyncio
+
 import pytest
 from channels.db import database_sync_to_async
 from django.test import Client
@@ -181,9 +183,12 @@ async def test_every_tab_on_the_conversation_sees_the_stream(alice):
 
 
 async def test_a_prompt_over_the_context_fails_with_a_clear_error_and_the_chat_goes_on(
-    alice, settings
+    alice, monkeypatch
 ):
-    settings.LLM_MAX_MODEL_LEN = 96
+    # The engine's own limit decides (not the setting, which the KV pool may undercut).
+    engine = await asyncio.to_thread(get_engine)
+    monkeypatch.setattr(engine, "max_model_len", 96)
+    monkeypatch.setattr(engine.engine, "max_model_len", 96)
     conv = await new_conversation(alice)
     comm, _ = await connect(conv.pk, alice)
     await receive(comm)

@@ -7,8 +7,9 @@ import pytest
 from channels.db import database_sync_to_async
 
 from chatapp.chat import services
-from chatapp.chat.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from chatapp.chat.models import Conversation, Message
+from chatapp.generation import lifecycle
+from chatapp.web.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 
 from .wsclient import close_code, connect, receive
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def conversation_with_history(user):
     conv = services.conversation_create(owner=user, title="Alice's secrets")
     _, reply = services.message_send(conversation=conv, content="my secret question")
-    services.reply_finish(reply=reply, status=Message.Status.DONE, content="secret answer",
+    lifecycle.reply_finish(reply=reply, status=Message.Status.DONE, content="secret answer",
                           generated_token_ids=[3, 2], segment_token_ids=[1, 3, 2, 4],
                           prompt_tokens=40, cached_tokens=0, ttft=0.1, finish_reason="stop")
     return conv

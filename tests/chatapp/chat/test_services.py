@@ -9,12 +9,13 @@ from django.utils import timezone
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import Busy, InvalidInput, NotFound
 from chatapp.chat.models import Conversation, Message
+from chatapp.generation import lifecycle
 
 pytestmark = pytest.mark.django_db
 
 
 def finish(reply: Message, text: str = "ok") -> Message:
-    return services.reply_finish(
+    return lifecycle.reply_finish(
         reply=reply, status=Message.Status.DONE, content=text,
         generated_token_ids=[1, 2], segment_token_ids=[5, 1, 2, 6],
         prompt_tokens=40, cached_tokens=32, ttft=0.05, finish_reason="stop",
@@ -154,6 +155,6 @@ def test_after_a_failed_reply_a_new_message_branches_beside_the_failed_turn(alic
     _, r1 = services.message_send(conversation=conv, content="one")
     finish(r1)
     u2, r2 = services.message_send(conversation=conv, content="two")
-    services.reply_finish(reply=r2, status=Message.Status.ERROR, error="boom")
+    lifecycle.reply_finish(reply=r2, status=Message.Status.ERROR, error="boom")
     u3, _ = services.message_send(conversation=conv, content="two, again", parent_id=r2.pk)
     assert u3.parent_id == r1.pk and u2.parent_id == r1.pk

@@ -8,6 +8,7 @@ from django.urls import reverse
 
 from chatapp.chat import services
 from chatapp.chat.models import Conversation, Message
+from chatapp.generation import lifecycle
 
 pytestmark = pytest.mark.django_db
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.django_db
 def conv(alice):
     conv = services.conversation_create(owner=alice, title="Alice's plans")
     _, reply = services.message_send(conversation=conv, content="what's my plan?")
-    services.reply_finish(reply=reply, status=Message.Status.DONE, content="**world** domination",
+    lifecycle.reply_finish(reply=reply, status=Message.Status.DONE, content="**world** domination",
                           generated_token_ids=[3, 2], segment_token_ids=[1, 3, 2, 4],
                           prompt_tokens=48, cached_tokens=32, ttft=0.12, finish_reason="stop")
     return conv

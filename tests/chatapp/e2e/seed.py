@@ -33,6 +33,7 @@ from django.contrib.sessions.backends.db import SessionStore  # noqa: E402
 
 from chatapp.chat import selectors, services  # noqa: E402
 from chatapp.chat.models import Conversation, Message  # noqa: E402
+from chatapp.generation import lifecycle  # noqa: E402
 
 
 def users(n: int, prefix: str, password: str | None = None) -> list[dict]:
@@ -72,7 +73,7 @@ def reply(conversation_id: int, content: str) -> dict:
     )
     services.user_message_store_segment(message=user_msg, token_ids=builder.user_segment(question))
     generated = tokenizer.encode(content, add_special_tokens=False)
-    done = services.reply_finish(
+    done = lifecycle.reply_finish(
         reply=pending, status=Message.Status.DONE, content=content,
         generated_token_ids=generated,
         segment_token_ids=builder.assistant_segment(generated, False),

@@ -15,9 +15,8 @@ from kombu.exceptions import OperationalError
 
 from chatapp.chat import services
 from chatapp.chat.models import Message
-from chatapp.chat.services import Claim
-from chatapp.generation import dispatch, registry, router
-from chatapp.generation import services as generation
+from chatapp.generation import dispatch, lifecycle, registry, replies, router
+from chatapp.generation.lifecycle import Claim
 from chatapp.generation.router import Candidate, choose_queue
 
 
@@ -74,18 +73,18 @@ class TestRule:
     def test_the_settings_feed_the_rule(self, settings):
         settings.CELERY_BROKER_URL = ""
         settings.CELERY_REPLY_MIN_TOKENS = 1
-        assert not dispatch.use_worker()
+        assert not dispatch.use_worker(max_new_tokens=settings.CHAT_MAX_NEW_TOKENS)
         settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
-        assert dispatch.use_worker()
+        assert dispatch.use_worker(max_new_tokens=settings.CHAT_MAX_NEW_TOKENS)
         settings.CELERY_REPLY_MIN_TOKENS = 0
-        assert not dispatch.use_worker()
+        assert not dispatch.use_worker(max_new_tokens=settings.CHAT_MAX_NEW_TOKENS)
 
 
 def _turn(owner, preset_id=None, served_by=""):
     conversation = services.conversation_create(owner=owner, preset_id=preset_id)
     _, reply = services.message_send(conversation=conversation, content="Hi.")
     if served_by:
-        services.reply_finish(reply=reply, status=Message.Status.DONE, content="Hello.",
+        lifecycle.reply_finish(reply=reply, status=Message.Status.DONE, content="Hello.",
                               generated_token_ids=[1], segment_token_ids=[1])
         Message.objects.filter(pk=reply.pk).update(served_by=served_by)
     return conversation, reply
@@ -116,60 +115,62 @@ class TestPreferredWorker:
 class TestClaim:
     def test_one_claim_wins_and_a_second_delivery_waits(self, alice):
         _, reply = _turn(alice)
-        outcome, lease = services.reply_claim(reply_id=reply.pk, holder="w1@h")
+        outcome, lease = lifecycle.reply_claim(reply_id=reply.pk, holder="w1@h")
         assert outcome == Claim.CLAIMED and lease
         reply.refresh_from_db()
         assert (reply.status, reply.served_by, reply.lease) == ("streaming", "w1@h", lease)
-        assert services.reply_claim(reply_id=reply.pk, holder="w2@h") == (Claim.BUSY, "")
+        assert lifecycle.reply_claim(reply_id=reply.pk, holder="w2@h") == (Claim.BUSY, "")
 
     def test_a_worker_that_runs_one_task_at_a_time_reclaims_its_own_reply(self, alice):
         _, reply = _turn(alice)
-        _, first = services.reply_claim(reply_id=reply.pk, holder="w1@h")
+        _, first = lifecycle.reply_claim(reply_id=reply.pk, holder="w1@h")
         # A redelivery to the same one-task worker: the first generation died with its child.
-        outcome, second = services.reply_claim(reply_id=reply.pk, holder="w1@h",
+        outcome, second = lifecycle.reply_claim(reply_id=reply.pk, holder="w1@h",
                                                reclaim_own=True)
         assert outcome == Claim.CLAIMED and second != first
-        assert services.reply_claim(reply_id=reply.pk, holder="w2@h",
+        assert lifecycle.reply_claim(reply_id=reply.pk, holder="w2@h",
                                     reclaim_own=True) == (Claim.BUSY, "")
 
     def test_a_generation_whose_heartbeat_stopped_is_replaced(self, alice, settings):
         _, reply = _turn(alice)
-        _, old = services.reply_claim(reply_id=reply.pk, holder="w1@h")
+        _, old = lifecycle.reply_claim(reply_id=reply.pk, holder="w1@h")
         stale = timezone.now() - timedelta(seconds=settings.CHAT_STALE_REPLY_S + 1)
         Message.objects.filter(pk=reply.pk).update(updated_at=stale)
-        outcome, new = services.reply_claim(reply_id=reply.pk, holder="w2@h")
+        outcome, new = lifecycle.reply_claim(reply_id=reply.pk, holder="w2@h")
         assert outcome == Claim.CLAIMED and new != old
         # The replaced generation may no longer write the reply, nor keep it alive.
-        assert generation._finish(reply.pk, old, status=Message.Status.DONE) is None
+        assert lifecycle.reply_finish_held(reply_id=reply.pk, lease=old,
+                                          status=Message.Status.DONE) is None
         Message.objects.filter(pk=reply.pk).update(updated_at=stale)
         # (its heartbeat says so, and the generation then aborts itself)
-        assert services.reply_heartbeat(reply_id=reply.pk, lease=old) is False
+        assert lifecycle.reply_heartbeat(reply_id=reply.pk, lease=old) is False
         assert Message.objects.get(pk=reply.pk).updated_at == stale
-        assert services.reply_heartbeat(reply_id=reply.pk, lease=new) is True
+        assert lifecycle.reply_heartbeat(reply_id=reply.pk, lease=new) is True
         assert Message.objects.get(pk=reply.pk).updated_at > stale
-        assert generation._finish(reply.pk, new, status=Message.Status.DONE)["status"] == "done"
+        assert lifecycle.reply_finish_held(reply_id=reply.pk, lease=new,
+                                          status=Message.Status.DONE).status == "done"
 
     def test_a_finished_reply_is_not_generated_again(self, alice):
         _, reply = _turn(alice, served_by="w1@h")
-        assert services.reply_claim(reply_id=reply.pk, holder="w2@h") == (Claim.FINISHED, "")
-        assert services.reply_claim(reply_id=10**9, holder="w2@h") == (Claim.GONE, "")
+        assert lifecycle.reply_claim(reply_id=reply.pk, holder="w2@h") == (Claim.FINISHED, "")
+        assert lifecycle.reply_claim(reply_id=10**9, holder="w2@h") == (Claim.GONE, "")
 
     def test_a_reply_stopped_while_queued_ends_without_generating(self, alice):
         _, reply = _turn(alice)
-        generation.request_stop(reply.pk)  # not running in this process: the flag
-        assert services.reply_claim(reply_id=reply.pk, holder="w1@h") == (Claim.FINISHED, "")
+        replies.request_stop(reply.pk)  # not running in this process: the flag
+        assert lifecycle.reply_claim(reply_id=reply.pk, holder="w1@h") == (Claim.FINISHED, "")
         reply.refresh_from_db()
         assert reply.status == Message.Status.STOPPED and reply.finish_reason == "abort"
 
 
 @pytest.mark.django_db
 def test_with_the_broker_down_the_turn_is_kept_and_the_reply_fails_clearly(alice, monkeypatch):
-    from chatapp.generation.tasks import generate_reply
+    from chatapp.celery import app
 
     def down(*args, **kwargs):
         raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    monkeypatch.setattr(generate_reply, "apply_async", down)
+    monkeypatch.setattr(app, "send_task", down)
     conversation, reply = _turn(alice)
     with pytest.raises(dispatch.GenerationUnavailable) as exc:
         dispatch.enqueue_reply(reply=reply)

@@ -9,8 +9,9 @@ from channels.layers import get_channel_layer
 
 from chatapp.chat import services
 from chatapp.chat.models import Message
-from chatapp.generation import services as generation
+from chatapp.generation import replies as generation
 from chatapp.generation.engine import get_engine
+from chatapp.generation.events import DeltaBatcher
 from chatapp.prompts.profile import recent_prompts
 from chatapp.prompts.services import PromptBuilder
 
@@ -99,7 +100,7 @@ async def test_a_stop_before_the_first_token_ends_the_reply_as_stopped(alice):
 
 
 def test_deltas_are_batched_by_token_count():
-    batcher = generation.DeltaBatcher(batch_tokens=3, flush_s=float("inf"))
+    batcher = DeltaBatcher(batch_tokens=3, flush_s=float("inf"))
     batcher.add("a", 1)
     batcher.add("b", 1)
     assert not batcher.due()

@@ -13,8 +13,8 @@ from django.views.decorators.http import require_GET, require_POST
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, NotFound
 from chatapp.chat.serializers import conversation_dict, message_dict
-from chatapp.generation import prompting
-from chatapp.generation import services as generation
+from chatapp.generation import replies
+from chatapp.prompts import catalog
 
 
 def _conversation_or_404(request: HttpRequest, conversation_id: int):
@@ -33,8 +33,8 @@ def _page(request: HttpRequest, conversation=None) -> HttpResponse:
     context = {
         "conversations": selectors.conversation_list(user=request.user, search=search)[:200],
         "search": search,
-        "presets": prompting.available_presets(),
-        "default_preset": prompting.default_preset_id(),
+        "presets": catalog.available_presets(),
+        "default_preset": catalog.default_preset_id(),
         "conversation": conversation,
         "max_chars": settings.MAX_USER_MESSAGE_CHARS,
     }
@@ -101,10 +101,7 @@ def conversation_rename(request: HttpRequest, conversation_id: int) -> HttpRespo
 @login_required
 @require_POST
 def conversation_delete(request: HttpRequest, conversation_id: int) -> HttpResponse:
-    conversation = _conversation_or_404(request, conversation_id)
-    for reply in selectors.conversation_active_replies(conversation=conversation):
-        generation.stop_reply(reply.pk)  # free its engine blocks; its row goes with the rest
-    services.conversation_delete(conversation=conversation)
+    replies.delete_conversation(conversation=_conversation_or_404(request, conversation_id))
     return redirect("chat:home")
 
 

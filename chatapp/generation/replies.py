@@ -1,10 +1,12 @@
-"""Running one reply: prompt from the prompt manager, tokens from the embedded engine,
-batched deltas to the conversation's channel-layer group, the result in the database.
+"""A chat reply from start to end: the one service the chat page, the conversations API
+and the Celery task call.
 
-A reply streams as `message.delta` events carrying a sequence number each, a few
-tokens per event: channels_redis drops messages to a full channel (capacity 100)
-without a word, so per-token events would lose text under load, and a client that
-sees a gap in the numbers knows to reload the stored message.
+- start: a worker generates it (chatapp.generation.dispatch decides) or this process
+  does, as a task on the event loop;
+- run_reply: prompt from the prompt manager, tokens through chatapp.generation.requests,
+  numbered deltas to the conversation's group, the result recorded (lifecycle);
+- stop: here at once, or through the flag a worker's generation polls;
+- delete_conversation: stop its running replies, then delete it.
 """
 
 from __future__ import annotations
@@ -15,16 +17,16 @@ import time
 from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import transaction
 
 from chatapp.chat import selectors
 from chatapp.chat import services as chat_services
-from chatapp.chat.models import Message
+from chatapp.chat.models import Conversation, Message
 from chatapp.chat.serializers import message_dict
-from chatapp.generation import prompting
+from chatapp.generation import dispatch, lifecycle, prompting
 from chatapp.generation.engine import aget_engine, loaded_engine
+from chatapp.generation.events import DeltaBatcher, publish
+from chatapp.generation.requests import Generation, Job, Options, run_here
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,14 @@ _running: set[int] = set()
 _superseded: set[int] = set()
 
 
+class ReplyFailed(Exception):
+    """A reply that cannot be generated, for a reason the user can act on."""
+
+
+class _StoppedEarly(Exception):
+    pass
+
+
 @dataclass
 class PreparedReply:
     reply: Message
@@ -43,93 +53,54 @@ class PreparedReply:
     prompt: prompting.ReplyPrompt
 
 
-class _StoppedEarly(Exception):
-    pass
+# -- start -------------------------------------------------------------------------
 
 
-class ReplyFailed(Exception):
-    """A reply that cannot be generated, for a reason the user can act on."""
+def hand_off(reply: Message) -> bool:
+    """Queue `reply` for a worker when the rule says so; True when queued (the caller
+    then only listens). GenerationUnavailable, the reply marked failed, if the broker
+    is down."""
+    if not dispatch.use_worker(max_new_tokens=settings.CHAT_MAX_NEW_TOKENS):
+        return False
+    dispatch.enqueue_reply(reply=reply)
+    return True
 
 
-def group_event(event: dict) -> dict:
-    """Wrap an event for group_send; consumers pass `event` to the client as it is."""
-    return {"type": "chat.event", "event": event}
+def run_in_background(reply_id: int) -> asyncio.Task:
+    return asyncio.create_task(run_reply(reply_id))
 
 
-async def publish(group: str, event: dict) -> None:
-    await get_channel_layer().group_send(group, group_event(event))
-
-
-async def _publish_reply(group: str, event: dict) -> None:
-    """publish() for a reply's own events, unless its claim went to another generation
-    (the page must not see two streams for one reply)."""
-    if event.get("message_id") not in _superseded:
-        await publish(group, event)
-
-
-def _prepare(reply_id: int, engine) -> PreparedReply:
-    reply = Message.objects.select_related("conversation").get(pk=reply_id)
-    conversation = reply.conversation
-    path = selectors.message_path(message=reply)[:-1]  # up to the user message
+async def start(reply: Message) -> asyncio.Task | None:
+    """Start generating `reply`: the task when it runs here, None when a worker has it."""
     try:
-        prompt = prompting.build_reply_prompt(
-            tokenizer=engine.tokenizer,
-            conversation=conversation,
-            history=path,
-            max_new_tokens=settings.CHAT_MAX_NEW_TOKENS,
-            engine_max_model_len=engine.max_model_len,
-        )
-    except prompting.PromptFailure as exc:
-        raise ReplyFailed(str(exc)) from exc
-    chat_services.user_message_store_segment(message=path[-1], token_ids=prompt.user_segment)
-    chat_services.reply_mark_streaming(reply=reply, served_by=engine.config.engine_id)
-    return PreparedReply(reply=reply, group=conversation.group_name, prompt=prompt)
+        remote = await database_sync_to_async(hand_off)(reply)
+    except dispatch.GenerationUnavailable:
+        # The user's message is kept; every tab sees the reply fail.
+        group, final = await database_sync_to_async(_stored)(reply.pk)
+        await publish(group, {"type": "message.done", "message_id": reply.pk, "seq": 1,
+                              "message": final})
+        raise
+    return None if remote else run_in_background(reply.pk)
 
 
-def _finish(reply_id: int, lease: str = "", **fields) -> dict | None:
-    """Record the end of a reply; None when `lease` was taken over by another generation
-    (that one writes the reply, this one's result is dropped)."""
-    with transaction.atomic():
-        reply = Message.objects.select_for_update().get(pk=reply_id)
-        if lease and reply.lease != lease:
-            log.warning("Reply %s was taken over by another generation; dropping ours", reply_id)
-            return None
-        return message_dict(chat_services.reply_finish(reply=reply, **fields))
+async def wait(reply_id: int, *, remote: bool, poll_s: float = 0.2) -> None:
+    """Until the reply has ended: generated here, or by a worker (bounded by the task's
+    time limit)."""
+    if not remote:
+        await run_reply(reply_id)
+        return
+    deadline = time.monotonic() + settings.CELERY_TASK_TIME_LIMIT + 60
+    active = database_sync_to_async(
+        lambda: Message.objects.filter(pk=reply_id, status__in=ACTIVE).exists()
+    )
+    while await active() and time.monotonic() < deadline:
+        await asyncio.sleep(poll_s)
 
 
-def _fail_before_start(reply_id: int, error: str) -> tuple[str, dict]:
-    reply = Message.objects.select_related("conversation").get(pk=reply_id)
-    done = chat_services.reply_finish(reply=reply, status=Message.Status.ERROR, error=error)
-    return reply.conversation.group_name, message_dict(done)
+ACTIVE = (Message.Status.PENDING, Message.Status.STREAMING)
 
 
-class DeltaBatcher:
-    """Collects text deltas; says when a batch is due (enough tokens or enough time)."""
-
-    def __init__(self, batch_tokens: int, flush_s: float):
-        self.batch_tokens = max(1, batch_tokens)
-        self.flush_s = flush_s
-        self.text = ""
-        self.tokens = 0
-        self.seq = 0
-        self.last_flush = time.monotonic()
-
-    def add(self, text: str, n_tokens: int) -> None:
-        self.text += text
-        self.tokens += n_tokens
-
-    def due(self) -> bool:
-        if not self.text:
-            return False
-        return self.tokens >= self.batch_tokens or (
-            time.monotonic() - self.last_flush >= self.flush_s
-        )
-
-    def take(self) -> tuple[int, str]:
-        self.seq += 1
-        text, self.text, self.tokens = self.text, "", 0
-        self.last_flush = time.monotonic()
-        return self.seq, text
+# -- stop and delete ---------------------------------------------------------------
 
 
 def stop_reply(reply_id: int) -> bool:
@@ -148,16 +119,65 @@ def request_stop(reply_id: int) -> None:
     """Stop a reply wherever it runs: here at once, elsewhere (a worker) through the flag
     its generation polls every CHAT_STOP_POLL_S."""
     if not stop_reply(reply_id):
-        chat_services.reply_request_stop(reply_id=reply_id)
+        lifecycle.reply_request_stop(reply_id=reply_id)
 
 
 async def arequest_stop(reply_id: int) -> None:
     if not stop_reply(reply_id):
-        await database_sync_to_async(chat_services.reply_request_stop)(reply_id=reply_id)
+        await database_sync_to_async(lifecycle.reply_request_stop)(reply_id=reply_id)
+
+
+def delete_conversation(*, conversation: Conversation) -> None:
+    """Stop the conversation's running replies (their engine blocks are freed; a worker's
+    generation sees its row gone), then delete it with its messages."""
+    for reply in selectors.conversation_active_replies(conversation=conversation):
+        stop_reply(reply.pk)
+    chat_services.conversation_delete(conversation=conversation)
 
 
 def is_running(reply_id: int) -> bool:
     return reply_id in _running
+
+
+# -- run ---------------------------------------------------------------------------
+
+
+async def _publish_reply(group: str, event: dict) -> None:
+    """publish() for a reply's own events, unless its claim went to another generation
+    (the page must not see two streams for one reply)."""
+    if event.get("message_id") not in _superseded:
+        await publish(group, event)
+
+
+def _prepare(reply_id: int, tokenizer, engine_id: str) -> PreparedReply:
+    reply = Message.objects.select_related("conversation").get(pk=reply_id)
+    conversation = reply.conversation
+    path = selectors.message_path(message=reply)[:-1]  # up to the user message
+    try:
+        prompt = prompting.build_reply_prompt(
+            tokenizer=tokenizer, conversation=conversation, history=path
+        )
+    except prompting.PromptFailure as exc:
+        raise ReplyFailed(str(exc)) from exc
+    chat_services.user_message_store_segment(message=path[-1], token_ids=prompt.user_segment)
+    lifecycle.reply_mark_streaming(reply=reply, served_by=engine_id)
+    return PreparedReply(reply=reply, group=conversation.group_name, prompt=prompt)
+
+
+def _stored(reply_id: int) -> tuple[str, dict]:
+    reply = Message.objects.select_related("conversation").get(pk=reply_id)
+    return reply.conversation.group_name, message_dict(reply)
+
+
+def _fail_before_start(reply_id: int, error: str) -> tuple[str, dict]:
+    reply = Message.objects.select_related("conversation").get(pk=reply_id)
+    done = lifecycle.reply_finish(reply=reply, status=Message.Status.ERROR, error=error)
+    return reply.conversation.group_name, message_dict(done)
+
+
+def _finish(reply_id: int, lease: str, fields: dict) -> dict | None:
+    done = lifecycle.reply_finish_held(reply_id=reply_id, lease=lease, **fields)
+    return None if done is None else message_dict(done)
 
 
 async def run_reply(reply_id: int, *, lease: str = "") -> dict:
@@ -165,7 +185,7 @@ async def run_reply(reply_id: int, *, lease: str = "") -> dict:
 
     Returns the final message dict, also sent to the group as `message.done`.
     Cancelling the task aborts the engine request and keeps the partial reply as stopped.
-    `lease` is a worker's claim (chat.services.reply_claim): the reply is written only
+    `lease` is a worker's claim (lifecycle.reply_claim): the reply is written only
     while the claim holds, and a stop asked for by another process is polled for.
     """
     _running.add(reply_id)
@@ -188,7 +208,7 @@ async def run_reply(reply_id: int, *, lease: str = "") -> dict:
 
 async def _heartbeat(reply_id: int, lease: str = "") -> None:
     """Show that a process still works on this reply (see replies_recover_stale)."""
-    touch = database_sync_to_async(chat_services.reply_heartbeat)
+    touch = database_sync_to_async(lifecycle.reply_heartbeat)
     while True:
         await asyncio.sleep(settings.CHAT_HEARTBEAT_S)
         if not await touch(reply_id=reply_id, lease=lease) and lease:
@@ -201,7 +221,7 @@ async def _heartbeat(reply_id: int, lease: str = "") -> None:
 
 async def _watch_stop_flag(reply_id: int) -> None:
     """Turn a stop flagged in the database (by the web process) into an engine abort."""
-    flagged = database_sync_to_async(chat_services.reply_stop_requested)
+    flagged = database_sync_to_async(lifecycle.reply_stop_requested)
     while True:
         await asyncio.sleep(settings.CHAT_STOP_POLL_S)
         try:
@@ -213,35 +233,35 @@ async def _watch_stop_flag(reply_id: int) -> None:
 
 
 async def _run_reply(reply_id: int, lease: str = "") -> dict:
-    from inference import InvalidRequestError, SamplingParams
+    from inference import InvalidRequestError
 
     try:
         engine = await aget_engine()
-        prepared = await database_sync_to_async(_prepare)(reply_id, engine)
-    except ReplyFailed as exc:
-        group, final = await database_sync_to_async(_fail_before_start)(reply_id, str(exc))
-        await publish(group, {"type": "message.done", "message_id": reply_id, "seq": 1,
-                              "message": final})
-        return final
+        prepared = await database_sync_to_async(_prepare)(
+            reply_id, engine.tokenizer, engine.config.engine_id
+        )
     except Message.DoesNotExist:
         raise
-    except Exception:
-        log.exception("Preparing reply %s failed", reply_id)
-        group, final = await database_sync_to_async(_fail_before_start)(
-            reply_id, "The model could not be started; see the server log."
-        )
+    except Exception as exc:
+        if isinstance(exc, ReplyFailed):
+            error = str(exc)
+        else:
+            log.exception("Preparing reply %s failed", reply_id)
+            error = "The model could not be started; see the server log."
+        group, final = await database_sync_to_async(_fail_before_start)(reply_id, error)
         await publish(group, {"type": "message.done", "message_id": reply_id, "seq": 1,
                               "message": final})
         return final
 
     reply, group, prompt = prepared.reply, prepared.group, prepared.prompt
     await _publish_reply(group, {"type": "message.started", "message_id": reply_id,
-                          "prompt_tokens": len(prompt.token_ids)})
-    params = SamplingParams(
-        max_tokens=prompt.max_new_tokens,
-        temperature=settings.CHAT_TEMPERATURE,
-        top_p=settings.CHAT_TOP_P,
-        stop_token_ids=prompt.stop_token_ids,
+                                 "prompt_tokens": len(prompt.token_ids)})
+    job = Job(
+        prompt_ids=tuple(prompt.token_ids),
+        cache_salt=prompt.cache_salt,
+        options=Options(default_max_tokens=settings.CHAT_MAX_NEW_TOKENS,
+                        temperature=settings.CHAT_TEMPERATURE, top_p=settings.CHAT_TOP_P),
+        request_id=reply.request_id,
     )
     batcher = DeltaBatcher(settings.CHAT_STREAM_BATCH_TOKENS, settings.CHAT_STREAM_FLUSH_S)
     last = None
@@ -249,9 +269,7 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
     try:
         if reply_id in _stop_requested:
             raise _StoppedEarly  # stopped while the prompt was being built
-        async for out in engine.generate(
-            prompt.token_ids, params, request_id=reply.request_id, cache_salt=prompt.cache_salt
-        ):
+        async for out in Generation(job, run_here).outputs():
             last = out
             if reply_id in _stop_requested and not out.finished:
                 # The stop came while the prompt was being built, before the engine knew
@@ -262,7 +280,7 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
             if batcher.due() and not out.finished:
                 seq, text = batcher.take()
                 await _publish_reply(group, {"type": "message.delta", "message_id": reply_id,
-                                      "seq": seq, "text": text})
+                                             "seq": seq, "text": text})
     except _StoppedEarly:
         pass  # recorded as stopped below, with no tokens
     except asyncio.CancelledError:
@@ -276,14 +294,14 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
     if batcher.text:
         seq, text = batcher.take()
         await _publish_reply(group, {"type": "message.delta", "message_id": reply_id,
-                              "seq": seq, "text": text})
+                                     "seq": seq, "text": text})
 
     fields = _final_fields(prompt, last, error=error)
-    final = await database_sync_to_async(_finish)(reply_id, lease, **fields)
+    final = await database_sync_to_async(_finish)(reply_id, lease, fields)
     if final is None:
         return {}
     await _publish_reply(group, {"type": "message.done", "message_id": reply_id,
-                          "seq": batcher.seq + 1, "message": final})
+                                 "seq": batcher.seq + 1, "message": final})
     return final
 
 
@@ -298,7 +316,6 @@ def _final_fields(prompt: prompting.ReplyPrompt, last, *, error: str) -> dict:
     else:  # aborted, cancelled, or the stream ended early
         status = Message.Status.STOPPED
         reason = "abort"
-    finished_with_eos = reason == "stop"
     fields = {
         "status": status,
         "content": last.text if last is not None else "",
@@ -308,7 +325,7 @@ def _final_fields(prompt: prompting.ReplyPrompt, last, *, error: str) -> dict:
     }
     if status != Message.Status.ERROR:
         fields["segment_token_ids"] = prompting.reply_segment(
-            prompt, generated, finished_with_eos=finished_with_eos
+            prompt, generated, finished_with_eos=reason == "stop"
         )
     if last is not None:
         fields.update(

@@ -42,8 +42,8 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, InvalidInput, NotFound
 from chatapp.chat.serializers import conversation_dict, message_dict
-from chatapp.generation import dispatch
-from chatapp.generation import services as generation
+from chatapp.generation import replies
+from chatapp.generation.events import publish
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
         # A client that leaves stops its replies; each keeps its partial text as `stopped`.
         for reply_id in list(self.tasks):
-            generation.stop_reply(reply_id)
+            replies.stop_reply(reply_id)
         if self.tasks:
             await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
@@ -156,7 +156,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             )
             ids = [reply.pk]
         for reply_id in ids:
-            await generation.arequest_stop(reply_id)
+            await replies.arequest_stop(reply_id)
 
     async def on_select(self, data: dict) -> None:
         await database_sync_to_async(services.conversation_select_leaf)(
@@ -183,33 +183,18 @@ class ChatConsumer(AsyncWebsocketConsumer):
     # -- helpers -----------------------------------------------------------
 
     async def announce(self, *messages) -> None:
-        """Tell every tab about the new messages, then start generating the reply."""
+        """Tell every tab about the new messages, then start generating the reply. One
+        generated here stops when this socket closes; a worker's goes on."""
         conversation = await database_sync_to_async(self.reload_conversation)()
         for message in messages:
-            await generation.publish(self.group, {"type": "message.created",
-                                                  "message": message_dict(message)})
-        await generation.publish(self.group, {"type": "conversation.updated",
-                                              "conversation": conversation_dict(conversation)})
+            await publish(self.group, {"type": "message.created", "message": message_dict(message)})
+        await publish(self.group, {"type": "conversation.updated",
+                                   "conversation": conversation_dict(conversation)})
         reply = messages[-1]
-        if dispatch.use_worker():
-            await self.enqueue(reply)
-            return
-        task = asyncio.create_task(generation.run_reply(reply.pk))
-        self.tasks[reply.pk] = task
-        task.add_done_callback(lambda _t, pk=reply.pk: self.tasks.pop(pk, None))
-
-    async def enqueue(self, reply) -> None:
-        """Hand the reply to a Celery worker; it streams to this conversation's group.
-        Unlike a reply generated here, it goes on when this socket closes."""
-        try:
-            await database_sync_to_async(dispatch.enqueue_reply)(reply=reply)
-        except dispatch.GenerationUnavailable:
-            # The user's message is kept; every tab sees the reply fail, this one also
-            # gets the error event (from receive) saying why and what to do.
-            await database_sync_to_async(reply.refresh_from_db)()
-            await generation.publish(self.group, {"type": "message.done", "message_id": reply.pk,
-                                                  "seq": 1, "message": message_dict(reply)})
-            raise
+        task = await replies.start(reply)
+        if task is not None:
+            self.tasks[reply.pk] = task
+            task.add_done_callback(lambda _t, pk=reply.pk: self.tasks.pop(pk, None))
 
     def reload_conversation(self):
         self.conversation.refresh_from_db()

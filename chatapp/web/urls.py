@@ -1,6 +1,6 @@
 from django.urls import path
 
-from chatapp.chat import views
+from chatapp.web import views
 
 app_name = "chat"
 

@@ -1,0 +1,183 @@
+"""One way to run a generation, for every caller: chat replies, the conversations API
+(through chatapp.generation.replies) and /v1.
+
+A `Job` is a planned prompt plus request options; it is plain data, so a Celery
+worker can run it as well as this process. Sampling parameters, stop ids and the
+context limit come from here alone, against the engine that runs the job (its own
+`max_model_len`: the least of the setting, the model's positions and the KV pool).
+`Generation` streams the engine's outputs and keeps what a caller reports at the
+end: each sample's text, ids and finish reason, and the usage.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+
+from chatapp.generation.engine import aget_engine
+from chatapp.prompts.services import builder_for
+
+
+@dataclass(frozen=True)
+class Options:
+    # None: as many as `default_max_tokens`, cut to the room the context leaves.
+    max_tokens: int | None = None
+    default_max_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Job:
+    prompt_ids: tuple[int, ...]
+    cache_salt: str
+    options: Options = Options()
+    request_id: str = field(default_factory=lambda: f"gen-{uuid.uuid4().hex}")
+    # Which conversation this is, for worker affinity (chatapp.generation.router).
+    affinity: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Job:
+        options = dict(data.get("options") or {})
+        options["stop"] = tuple(options.get("stop") or ())
+        return cls(
+            prompt_ids=tuple(data["prompt_ids"]),
+            cache_salt=data["cache_salt"],
+            options=Options(**options),
+            request_id=data["request_id"],
+            affinity=data.get("affinity", ""),
+        )
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """The chat format's end-of-turn token and the tokenizer's EOS."""
+    ids = set(builder_for(tokenizer).stop_token_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+
+def sampling_params(job: Job, *, max_model_len: int, tokenizer):
+    """The engine's parameters for `job`; InvalidRequestError when an explicit
+    max_tokens does not fit the context (a prompt alone over it, the engine refuses)."""
+    from inference import InvalidRequestError, SamplingParams
+
+    opts = job.options
+    prompt = len(job.prompt_ids)
+    room = max_model_len - prompt
+    if opts.max_tokens is None:
+        max_tokens = max(1, min(opts.default_max_tokens, room))
+    else:
+        max_tokens = opts.max_tokens
+        if room > 0 and max_tokens > room:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {max_model_len} tokens. However, you "
+                f"requested {prompt + max_tokens} tokens ({prompt} in the messages, {max_tokens} "
+                "in the completion). Please reduce the length of the messages or completion.",
+                "messages",
+                code="context_length_exceeded",
+            )
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=opts.temperature,
+        top_p=opts.top_p,
+        n=opts.n,
+        seed=opts.seed,
+        stop=list(opts.stop),
+        stop_token_ids=stop_token_ids(tokenizer),
+    )
+
+
+async def run_here(job: Job) -> AsyncIterator:
+    """The job on this process's engine; leaving the loop early aborts it."""
+    engine = await aget_engine()
+    params = sampling_params(job, max_model_len=engine.max_model_len, tokenizer=engine.tokenizer)
+    stream = engine.generate(
+        list(job.prompt_ids), params, request_id=job.request_id, cache_salt=job.cache_salt
+    )
+    try:
+        async for out in stream:
+            yield out
+    finally:
+        await stream.aclose()
+
+
+def openai_finish_reason(engine_reason: str | None) -> str:
+    # "abort" only comes from a stop we asked for (client gone, user stop).
+    return "length" if engine_reason == "length" else "stop"
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    engine_reason: str | None = None  # "stop" | "length" | "abort" | "error", once finished
+    error: str | None = None
+    started: bool = False  # a stream has sent this sample's first chunk
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None if self.engine_reason is None else openai_finish_reason(self.engine_reason)
+
+
+class Generation:
+    """One running job: start() waits for the first output (so a refused request raises
+    InvalidRequestError before anything was sent), outputs() streams the rest; closing
+    the stream, or leaving it early, aborts the job wherever it runs."""
+
+    def __init__(self, job: Job, source: Callable[[Job], AsyncIterator]):
+        self.job = job
+        self.choices = {i: Choice(i) for i in range(job.options.n)}
+        self.prompt_tokens = len(job.prompt_ids)
+        self.cached_tokens = 0
+        self.ttft: float | None = None
+        self._stream = source(job)
+        self._first = None
+
+    async def start(self) -> None:
+        self._first = await self._stream.__anext__()
+
+    async def outputs(self) -> AsyncIterator:
+        """The outputs, the first (received by start) included; each is recorded."""
+        try:
+            if self._first is not None:
+                first, self._first = self._first, None
+                self._record(first)
+                yield first
+            async for out in self._stream:
+                self._record(out)
+                yield out
+        finally:
+            await self._stream.aclose()
+
+    async def run(self) -> None:
+        """To the end, for callers that want only the result."""
+        async for _ in self.outputs():
+            pass
+
+    def _record(self, out) -> None:
+        if out.index == 0:
+            self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
+            self.ttft = out.ttft if out.ttft is not None else self.ttft
+        choice = self.choices.setdefault(out.index, Choice(out.index))
+        choice.text, choice.token_ids = out.text, list(out.token_ids)
+        if out.finished:
+            choice.engine_reason, choice.error = out.finish_reason, out.error
+
+    def usage(self) -> dict:
+        completion = sum(len(c.token_ids) for c in self.choices.values())
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
