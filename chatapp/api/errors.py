@@ -98,11 +98,25 @@ def api_exception_handler(exc, context):
     return response
 
 
+UNUSABLE_TEXT = {"null_characters_not_allowed", "surrogate_characters_not_allowed"}
+
+
+def _codes(codes) -> set[str]:
+    if isinstance(codes, dict):
+        return set().union(*map(_codes, codes.values())) if codes else set()
+    if isinstance(codes, list):
+        return set().union(*map(_codes, codes)) if codes else set()
+    return {str(codes)}
+
+
 def _detail_body(exc, data) -> dict:
     """One error shape for every status: {"detail", "code"} (+ "errors" per field on 400)."""
     if isinstance(exc, exceptions.ValidationError):
         errors = data if isinstance(data, dict) else {"non_field_errors": data}
-        return {"detail": "Invalid input.", "code": "invalid", "errors": errors}
+        # Text a tokenizer cannot take (DRF's CharField refuses NUL and lone surrogates)
+        # has the code /v1 and the chat page give it.
+        code = "invalid_value" if _codes(exc.get_codes()) & UNUSABLE_TEXT else "invalid"
+        return {"detail": "Invalid input.", "code": code, "errors": errors}
     if isinstance(exc, exceptions.APIException):
         codes = exc.get_codes()
         return {"detail": str(exc.detail), "code": codes if isinstance(codes, str) else "error"}

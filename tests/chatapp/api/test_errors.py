@@ -187,3 +187,52 @@ def test_requests_per_minute(accounts, client_for, api_server):
     assert api.status_code == 429 and int(api.headers["Retry-After"]) >= 1
     # Other keys are not affected.
     assert client_for(other).models.list().data
+
+
+# --- text no tokenizer may see -------------------------------------------------------
+
+LONE_SURROGATE = '"a \\ud800 b"'  # JSON text: a lone UTF-16 surrogate, valid JSON
+NUL = '"a \\u0000 b"'
+
+
+@pytest.mark.parametrize("messages", [
+    f'[{{"role": "user", "content": {LONE_SURROGATE}}}]',
+    f'[{{"role": "user", "content": {NUL}}}]',
+    f'[{{"role": "system", "content": {LONE_SURROGATE}}}, {{"role": "user", "content": "Hi"}}]',
+    f'[{{"role": "user", "content": [{{"type": "text", "text": {NUL}}}]}}]',
+    # An assistant turn's text is looked up among remembered replies: checked before that.
+    f'[{{"role": "user", "content": "Hi"}}, {{"role": "assistant", "content": {LONE_SURROGATE}}},'
+    ' {"role": "user", "content": "Again"}]',
+])
+def test_text_a_tokenizer_cannot_take_is_a_400(post, messages):
+    raw = f'{{"model": "{MODEL}", "max_tokens": 2, "messages": {messages}}}'.encode()
+    error = assert_error(post(None, raw=raw), 400, code="invalid_value", param="messages",
+                         type_="invalid_request_error")
+    assert "surrogate" in error["message"] or "NUL" in error["message"]
+
+
+def test_an_invalid_escape_is_a_400(post):
+    raw = f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "a \\x41"}}]}}'
+    assert_error(post(None, raw=raw.encode()), 400, type_="invalid_request_error")
+
+
+def test_the_conversations_api_refuses_such_text(api_server, key):
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    base = api_server.url + "/api/conversations/"
+    made = httpx.post(base, json={"title": "t"}, headers=headers, timeout=60)
+    assert made.status_code == 201, made.text
+    url = f"{base}{made.json()['id']}/messages/"
+    for text in (LONE_SURROGATE, NUL):
+        response = httpx.post(url, content=f'{{"content": {text}}}'.encode(), headers=headers,
+                              timeout=60)
+        assert response.status_code == 400, response.text
+        assert response.json()["code"] == "invalid_value"
+    bad_escape = httpx.post(url, content=b'{"content": "a \\x41"}', headers=headers, timeout=60)
+    assert bad_escape.status_code == 400
+    # A preset variable reaches the prompt too.
+    variables = httpx.post(base, content=f'{{"variables": {{"name": {LONE_SURROGATE}}}}}'.encode(),
+                           headers=headers, timeout=60)
+    assert variables.status_code == 400 and variables.json()["code"] == "invalid_value"
+    # Nothing was stored for the refused turns.
+    tree = httpx.get(url, headers=headers, timeout=60).json()
+    assert tree["messages"] == []

@@ -137,3 +137,18 @@ async def test_a_foreign_origin_is_refused_at_the_handshake(alice):
     conv = await conversation_with_history(alice)
     comm, connected = await connect(conv.pk, alice, origin=b"http://evil.example")
     assert not connected
+
+
+async def test_text_a_tokenizer_cannot_take_gets_an_error_event(alice):
+    conv = await database_sync_to_async(services.conversation_create)(owner=alice)
+    before = await snapshot(conv)
+    comm = await open_socket(conv, alice)
+    for text in ('"a \\ud800 b"', '"a \\u0000 b"'):  # JSON: a lone surrogate, a NUL
+        await comm.send_to(text_data=f'{{"type": "send", "content": {text}}}')
+        event = await expect_error(comm, "invalid_value")
+        assert event["request_type"] == "send"
+    await comm.send_to(text_data='{"type": "send", "content": "a \\x41"}')  # bad escape
+    await expect_error(comm, "bad_json")
+    await still_open(comm)
+    assert await snapshot(conv) == before  # nothing stored
+    await comm.disconnect()
