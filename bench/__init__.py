@@ -5,6 +5,9 @@
     python -m bench multiturn [--quick] the chat workload in-process: our engine
                                         with and without prefix caching, and
                                         transformers' generate
+    python -m bench offload [--quick]   the host/disk KV tier: a small pool with the
+                                        tier off and on against an unbounded pool, a
+                                        restart on kv_dir, restore vs recompute
     python -m bench serve --url URL     the chat workloads against any
                                         OpenAI-compatible server over HTTP
     python -m bench plot A.json B.json  TTFT by turn of several runs in one PNG
@@ -27,6 +30,7 @@ SUBCOMMANDS = {
     "engine": "bench.engine",
     "serve": "bench.serve",
     "multiturn": "bench.multiturn",
+    "offload": "bench.offload",
     "plot": "bench.report",
     "kernels-cpu": "bench.kernels_cpu",
     "prefill-batch": "bench.prefill_batch",
