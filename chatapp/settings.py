@@ -172,7 +172,7 @@ CHAT_STOP_POLL_S = float(os.environ.get("CHAT_STOP_POLL_S", "0.5"))
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL
 CELERY_RESULT_BACKEND = "django-db"
 # Imported when a worker starts (chatapp.generation is a package, not an installed app).
-CELERY_IMPORTS = ["chatapp.generation.tasks"]
+CELERY_IMPORTS = ["chatapp.generation.tasks", "chatapp.startup"]
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 # A worker that dies mid-reply must not lose the task: acknowledge only at the end, and

@@ -1,7 +1,11 @@
-"""What every serving process starts with, the web's daphne and each Celery worker
-alike: the engine loading in the background (when asked) and the dashboard's sampler."""
+"""What every serving process starts with, daphne and each Celery worker's pool child
+alike: the engine loading in the background (a worker always loads it) and the
+dashboard's sampler. asgi.py calls start_process; a worker imports this module through
+CELERY_IMPORTS, and its pool children start here as they fork."""
 
 from __future__ import annotations
+
+from celery.signals import worker_process_init
 
 from chatapp.dashboard.sampling import start_sampler
 from chatapp.generation.engine import preload_in_background
@@ -13,3 +17,9 @@ def start_process(*, preload: bool) -> None:
     # History samples for the cache dashboard (a no-op until the engine is loaded; never
     # raises into chat). DASHBOARD_SAMPLE_INTERVAL_S=0 turns it off.
     start_sampler()
+
+
+@worker_process_init.connect
+def _start_worker_child(**kwargs) -> None:
+    # The child must report ready within seconds: the engine loads in the background.
+    start_process(preload=True)

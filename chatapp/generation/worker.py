@@ -18,7 +18,6 @@ from celery.signals import celeryd_after_setup, worker_process_init, worker_proc
 from django.conf import settings
 from django.db import close_old_connections
 
-from chatapp import startup
 from chatapp.generation import registry, remote, replies
 from chatapp.generation.engine import loaded_engine
 from chatapp.generation.lifecycle import Claim, reply_claim
@@ -46,9 +45,7 @@ def _setup_worker(sender: str, instance, **kwargs) -> None:
 
 @worker_process_init.connect
 def _start_child(**kwargs) -> None:
-    """In the pool child: start as a web process does, loading the engine in the
-    background (the child must report ready within seconds), and start beating."""
-    startup.start_process(preload=True)
+    """In the pool child (which chatapp.startup starts like a web process): beat."""
     if _name and registry.available():
         global _beats
         _beats = threading.Event()

@@ -1,0 +1,152 @@
+"""The import directions of docs/ARCHITECTURE.md, checked on the source with `ast`:
+no cycle between chatapp's packages, and no import the design forbids (function-local
+imports count as much as module-level ones)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOP = ("chatapp", "inference", "kernels", "bench")
+
+
+def _package(module: str) -> str:
+    """chatapp.chat.services -> chatapp.chat; a module of chatapp's own (chatapp.celery,
+    chatapp.urls: the project's wiring) stands for itself; other top-level packages as
+    they are."""
+    parts = module.split(".")
+    if parts[0] == "chatapp" and len(parts) > 1:
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    here = _module_name(path).split(".")
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here if is_package else here[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return {m for m in found if m.split(".")[0] in TOP}
+
+
+def _graph() -> dict[str, set[str]]:
+    """Package -> the packages its modules import (migrations excluded: generated)."""
+    graph: dict[str, set[str]] = {}
+    for top in TOP:
+        for path in (ROOT / top).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            source = _package(_module_name(path))
+            targets = {_package(m) for m in _imports(path)}
+            graph.setdefault(source, set()).update(targets - {source})
+    return graph
+
+
+GRAPH = _graph()
+
+FORBIDDEN = [
+    # (importer prefix, imported prefix)
+    ("inference", "chatapp"),
+    ("inference", "django"),
+    ("kernels", "chatapp"),
+    ("kernels", "django"),
+    ("kernels", "inference"),
+    ("kernels", "bench"),
+    ("inference", "bench"),
+    ("chatapp", "bench"),
+    ("chatapp.chat", "chatapp.generation"),
+    ("chatapp.chat", "chatapp.web"),
+    ("chatapp.chat", "chatapp.api"),
+    ("chatapp.chat", "chatapp.dashboard"),
+    ("chatapp.prompts", "chatapp.chat"),
+    ("chatapp.prompts", "chatapp.generation"),
+    ("chatapp.prompts", "chatapp.web"),
+    ("chatapp.prompts", "chatapp.api"),
+    ("chatapp.prompts", "chatapp.dashboard"),
+    ("chatapp.generation", "chatapp.web"),
+    ("chatapp.generation", "chatapp.api"),
+    ("chatapp.generation", "chatapp.dashboard"),
+    ("chatapp.dashboard", "chatapp.web"),
+    ("chatapp.dashboard", "chatapp.api"),
+]
+
+
+def _django_importers() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for top in ("inference", "kernels"):
+        for path in (ROOT / top).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                if any(n.split(".")[0] in ("django", "channels", "celery") for n in names):
+                    out.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return out
+
+
+@pytest.mark.parametrize(("importer", "imported"), FORBIDDEN)
+def test_no_forbidden_direction(importer, imported):
+    if imported == "django":
+        assert importer not in _django_importers(), _django_importers().get(importer)
+        return
+    offenders = [
+        source for source, targets in GRAPH.items()
+        if (source == importer or source.startswith(importer + "."))
+        and any(t == imported or t.startswith(imported + ".") for t in targets)
+    ]
+    assert not offenders, f"{offenders} import {imported}"
+
+
+def test_no_cycle_between_chatapp_packages():
+    nodes = {n for n in GRAPH if n.startswith("chatapp")}
+    edges = {n: {t for t in GRAPH[n] if t in nodes} for n in nodes}
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(nodes):
+        if node not in state:
+            visit(node)
+
+
+def test_the_walk_sees_the_packages():
+    # A walk that found nothing would pass every check above.
+    assert {"chatapp.chat", "chatapp.generation", "chatapp.web", "chatapp.api",
+            "chatapp.prompts", "chatapp.dashboard", "inference", "kernels"} <= set(GRAPH)
+    assert "chatapp.chat" in GRAPH["chatapp.generation"]
+    assert "kernels" in GRAPH["inference"]
