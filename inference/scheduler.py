@@ -25,7 +25,7 @@ class SchedulerOutput:
 class Scheduler:
     """Running sequences go first (decodes and unfinished prefill chunks), then new
     ones while the token budget and blocks last; a new one whose next prefix blocks a
-    scheduled sequence is computing waits for them (inference/inflight.py). When
+    scheduled sequence is computing shares or waits for them (inference/inflight.py). When
     blocks run out, the newest running sequence is preempted: its blocks are freed
     (its full blocks usually stay cached, so it re-hits) and it is recomputed later."""
 
@@ -36,8 +36,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        # Admissions put off because a running request was computing the blocks.
+        # Admissions put off because a scheduled request was computing their blocks,
+        # and blocks shared while a scheduled request computed them.
         self.num_prefix_waits = 0
+        self.num_inflight_shared_blocks = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -88,10 +90,12 @@ class Scheduler:
                 skipped.append(self.waiting.popleft())
                 continue
             hits = self.kv.find_cached_blocks(seq)
-            if inflight is not None and inflight.producer(
-                seq, len(hits), (seq.num_tokens - 1) // self.kv.block_size
+            num_cached = len(hits)
+            if inflight is not None and not inflight.extend_hits(
+                seq, hits, (seq.num_tokens - 1) // self.kv.block_size
             ):
-                # Its next blocks are being computed now: it hits them in a later step.
+                # Its next blocks are being computed for another request: it shares
+                # them once they are complete.
                 self.num_prefix_waits += 1
                 skipped.append(self.waiting.popleft())
                 continue
@@ -108,17 +112,19 @@ class Scheduler:
             out.num_tokens.append(n)
             budget -= n
             if inflight is not None:
-                inflight.add(seq)
+                self.num_inflight_shared_blocks += len(hits) - num_cached
+                inflight.add(seq, n)
         self.waiting.extendleft(reversed(skipped))
 
     def _inflight(self, out: SchedulerOutput) -> InflightBlocks | None:
         """The uncached blocks of this step's sequences, which a waiting request
-        sharing them waits for (inference/inflight.py); None without prefix caching."""
+        sharing them shares or waits for (inference/inflight.py); None without
+        prefix caching."""
         if not self.kv.enable_caching:
             return None
-        inflight = InflightBlocks()
-        for seq in out.seqs:
-            inflight.add(seq)
+        inflight = InflightBlocks(self.kv.pool, self.kv.block_size)
+        for seq, n in zip(out.seqs, out.num_tokens, strict=True):
+            inflight.add(seq, n)
         return inflight
 
     def _preempt(self, seq: Sequence) -> None:

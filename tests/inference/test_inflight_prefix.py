@@ -1,6 +1,6 @@
 """Requests that arrive together with a shared prefix compute it once: a waiting
-request whose next blocks a scheduled request is computing waits for them and
-then hits them in the prefix cache (inference/inflight.py)."""
+request whose next blocks a scheduled request is computing shares them as soon as
+they are complete, in the same step or a later one (inference/inflight.py)."""
 
 import pytest
 
@@ -57,7 +57,8 @@ def test_simultaneous_requests_compute_a_shared_prefix_once(make_engine, monkeyp
     suffixes = sum(len(p) - len(PREFIX) for p in batch)
     assert sum(computed) == len(PREFIX) + suffixes
     assert [o.cached_tokens for o in outs] == [0] + [len(PREFIX)] * 5
-    assert engine.scheduler.num_prefix_waits >= 5
+    if budget == 4096:  # all in the first step, sharing the blocks it writes
+        assert engine.scheduler.num_inflight_shared_blocks == 5 * len(PREFIX) // 16
     assert [o.token_ids for o in outs] == one_at_a_time(make_engine, batch)
     assert engine.metrics_snapshot()["blocks_used"] == 0
 
@@ -103,9 +104,35 @@ def test_requests_with_different_salts_never_wait_on_each_other(make_engine, mon
     computed = count_prompt_tokens(engine, monkeypatch)
     outs = run_all(engine, batch, salts=["a", "b", None])
     assert engine.scheduler.num_prefix_waits == 0
+    assert engine.scheduler.num_inflight_shared_blocks == 0
     assert computed[0] == 3 * len(batch[0])  # all three in the first step
     assert [o.cached_tokens for o in outs] == [0, 0, 0]
     assert len({tuple(o.token_ids) for o in outs}) == 1
+
+
+def test_a_waiter_waits_for_blocks_written_later_and_others_go_ahead(make_engine):
+    """a's prefill is chunked; were budget left in its step, b, which needs a block
+    that a writes in a later chunk, waits, while c, which shares nothing, is
+    admitted (FCFS otherwise). (With this scheduler a prefill chunk only leaves
+    budget when it is the prompt's last, so the step is completed by hand.)"""
+    engine = make_engine(max_num_batched_tokens=48)
+    batch = [PREFIX + rand_ids(5, 1), PREFIX + rand_ids(5, 2), rand_ids(30, 3)]
+    for rid, p in zip("abc", batch, strict=True):
+        engine.add_request(rid, p, GREEDY)
+    sched = engine.scheduler
+    out = sched.schedule()
+    assert [s.request_id for s in out.seqs] == ["a"] and out.num_tokens == [48]
+    sched._admit_waiting(out, 100)  # as if 100 tokens of budget were left
+    assert [s.request_id for s in out.seqs] == ["a", "c"]
+    assert [s.request_id for s in sched.waiting] == ["b"]
+    assert sched.num_prefix_waits == 1
+    final = {}
+    while engine.has_unfinished_requests():  # c's first chunk is computed next step
+        for o in engine.step():
+            if o.finished:
+                final[o.request_id] = o
+    assert final["b"].cached_tokens == len(PREFIX)
+    assert [final[r].token_ids for r in "abc"] == one_at_a_time(make_engine, batch)
 
 
 def test_a_request_that_shares_nothing_is_not_held_back(make_engine):
@@ -114,11 +141,10 @@ def test_a_request_that_shares_nothing_is_not_held_back(make_engine):
     engine.add_request("b", PREFIX + rand_ids(5, 2), GREEDY)
     engine.add_request("c", rand_ids(170, 3), GREEDY)
     engine.step()
-    assert [s.request_id for s in engine.scheduler.running] == ["a", "c"]
-    assert [s.request_id for s in engine.scheduler.waiting] == ["b"]
-    engine.step()
-    assert [s.request_id for s in engine.scheduler.running] == ["a", "c", "b"]
+    # b shares the blocks a writes in this very step.
+    assert [s.request_id for s in engine.scheduler.running] == ["a", "b", "c"]
     assert engine.requests["b"][0].num_cached_tokens == len(PREFIX)
+    assert engine.requests["c"][0].num_cached_tokens == 0
 
 
 def test_preempted_producers_never_leave_waiters_stuck(make_engine):
@@ -129,7 +155,7 @@ def test_preempted_producers_never_leave_waiters_stuck(make_engine):
     engine = make_engine(num_blocks=20, max_num_batched_tokens=48)
     outs = run_all(engine, batch, params)
     assert engine.metrics_snapshot()["preemptions"] > 0
-    assert engine.scheduler.num_prefix_waits > 0
+    assert engine.scheduler.num_inflight_shared_blocks > 0
     assert [o.token_ids for o in outs] == one_at_a_time(make_engine, batch, params)
     assert engine.metrics_snapshot()["blocks_used"] == 0
 
