@@ -347,6 +347,24 @@ def run_server(server: Server, sizes: Sizes, seed: int, tokenizer, block_size: i
     return result
 
 
+def measured_run(
+    start, label: str, sizes: Sizes, seed: int, tokenizer, block_size: int, **info
+) -> dict:
+    """Start a server with `start(label)`, run every workload, stop it. A server that
+    fails to start or crashes is recorded with its error; the comparison goes on."""
+    try:
+        server = start(label)
+    except (RuntimeError, OSError) as exc:
+        log(f"{label} did not start: {exc}")
+        return {**info, "error": str(exc)[-2000:]}
+    try:
+        return {**info, **run_server(server, sizes, seed, tokenizer, block_size)}
+    finally:
+        server.stop()
+        if server.proc.returncode not in (0, -15):
+            log(f"{label} ended with {server.proc.returncode}; see {server.log}")
+
+
 # --- figures and the table -----------------------------------------------------
 # (key, label, how to print it, which way is better)
 METRICS = (
@@ -368,6 +386,8 @@ def _ms(seconds: float | None) -> float | None:
 
 def figures(run: dict) -> dict:
     """The table's numbers from one server's phases (None where a phase gave none)."""
+    if "error" in run:  # the server never served
+        return dict.fromkeys((m[0] for m in METRICS), None)
     decode = run["decode"]["summary"]
     tpot = decode["tpot_s"]["p50"]
     multi = run["multiturn"]["summary"]
@@ -492,30 +512,30 @@ def compare(args: argparse.Namespace) -> dict:
         log("no code reads LLM_WEIGHT_DTYPE yet: our server runs once, for every pair")
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
+    started, load_start = time.perf_counter(), os.getloadavg()
     runs: dict[str, dict] = {}
     pairs = []
     for dtype in args.pairs:
         gguf_type = PAIRS[dtype]
         theirs = f"llamacpp-{gguf_type}"
-        server = start_llama_server(server_bin, models[gguf_type], theirs, settings, logs)
-        try:
-            runs[theirs] = {"server": "llama.cpp", "gguf_type": gguf_type,
-                            "model": str(models[gguf_type]),
-                            **run_server(server, sizes, args.seed, tokenizer, 1)}  # fmt: skip
-        finally:
-            server.stop()
+        runs[theirs] = measured_run(
+            lambda label, gguf_type=gguf_type: start_llama_server(
+                server_bin, models[gguf_type], label, settings, logs
+            ),
+            theirs, sizes, args.seed, tokenizer, 1,
+            server="llama.cpp", gguf_type=gguf_type, model=str(models[gguf_type]),
+        )  # fmt: skip
         ours = f"ours-{dtype}"
         note = None
         if honoured or not any(r["server"] == "ours" for r in runs.values()):
             with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as tmp:
-                server = start_ours(dtype, ours, settings, logs, Path(tmp) / "db.sqlite3")
-                try:
-                    runs[ours] = {"server": "ours", "weight_dtype_requested": dtype,
-                                  "weight_dtype_read": honoured,
-                                  **run_server(server, sizes, args.seed, tokenizer, 16)}  # fmt: skip
-                finally:
-                    server.stop()
+                runs[ours] = measured_run(
+                    lambda label, dtype=dtype, tmp=tmp: start_ours(
+                        dtype, label, settings, logs, Path(tmp) / "db.sqlite3"
+                    ),
+                    ours, sizes, args.seed, tokenizer, 16,
+                    server="ours", weight_dtype_requested=dtype, weight_dtype_read=honoured,
+                )  # fmt: skip
         else:
             ours = next(k for k, r in runs.items() if r["server"] == "ours")
             note = f"LLM_WEIGHT_DTYPE is not read yet: 'ours' is the {ours} run"
@@ -545,7 +565,8 @@ def compare(args: argparse.Namespace) -> dict:
             "python": platform.python_version(),
             "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(),
-            "load_average": os.getloadavg(),
+            "load_average_at_start": load_start,
+            "load_average_at_end": os.getloadavg(),
         },
         "weight_dtype_read": honoured,
         "runs": runs,

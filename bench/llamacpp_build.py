@@ -39,6 +39,11 @@ CMAKE_FLAGS = (
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_OPENSSL=OFF",
+    # ggml's AMX path (chosen by -march=native where the CPU lists AMX) dies in ldtilecfg
+    # inside this workplace's VMs (SIGSEGV / SIGILL at the first matmul): leave it out.
+    # llama.cpp then runs its AVX512 (VNNI, BF16) kernels.
+    "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
 )
 TARGETS = ("llama-server", "llama-quantize")
 STAMP = "BUILT"

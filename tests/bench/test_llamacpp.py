@@ -308,3 +308,31 @@ def test_weight_dtype_detection_reads_our_packages(tmp_path, monkeypatch):
     assert not lc.weight_dtype_read()
     (tmp_path / "inference" / "config.py").write_text('os.environ.get("LLM_WEIGHT_DTYPE")\n')
     assert lc.weight_dtype_read()
+
+
+class _FakeProc:
+    returncode = None
+
+    def terminate(self):
+        self.returncode = -15
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+def test_a_server_that_fails_is_recorded_and_the_run_goes_on(monkeypatch):
+    def refuse(label):
+        raise RuntimeError("server exited with -11")
+
+    run = lc.measured_run(refuse, "llamacpp-Q8_0", lc.QUICK, 0, None, 1, server="llama.cpp")
+    assert run == {"server": "llama.cpp", "error": "server exited with -11"}
+    assert set(lc.figures(run).values()) == {None}
+
+
+def test_a_started_server_is_stopped_after_its_workloads(monkeypatch, tmp_path):
+    proc = _FakeProc()
+    fake = lc.Server("ours-int8", "http://127.0.0.1:1", proc, tmp_path / "log", 1.0, "key")
+    monkeypatch.setattr(lc, "run_server", lambda server, *a: {"startup_s": server.startup_s})
+    run = lc.measured_run(lambda label: fake, "ours-int8", lc.QUICK, 0, None, 16, server="ours")
+    assert run == {"server": "ours", "startup_s": 1.0}
+    assert proc.returncode == -15
