@@ -14,6 +14,8 @@
     python -m bench kernels-cpu         the C kernels against the torch ops they replace
     python -m bench prefill-batch       32 short prompts in one step: attention batched
                                         or per sequence, and transformers' padded batch
+    python -m bench shared-prefix       16 new chats on one system prompt at once: turn-0
+                                        TTFT on a fresh engine against a warm one
     python -m bench kernels-cuda        the Triton kernels on a CUDA device
     python -m bench llamacpp build|compare  llama.cpp's llama-server built here, and
                                         our server against it on the same workloads
@@ -34,6 +36,7 @@ SUBCOMMANDS = {
     "plot": "bench.report",
     "kernels-cpu": "bench.kernels_cpu",
     "prefill-batch": "bench.prefill_batch",
+    "shared-prefix": "bench.shared_prefix",
     "kernels-cuda": "bench.kernels_cuda",
     "llamacpp": "bench.llamacpp",
 }

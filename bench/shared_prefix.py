@@ -1,0 +1,157 @@
+"""New conversations that arrive together on a shared system prompt: their turn-0
+time to first token on a fresh engine (nothing cached) against a warm one (the
+system prompt cached by an earlier request), in-process.
+
+    python -m bench shared-prefix [--conversations 16] [--system-tokens 512]
+        [--user-tokens 60] [--reply-tokens 16] [--rounds 3] [--step-budget N] [--dtype ...]
+        [--threads N] [--model PATH] [--out bench-results/shared_prefix.json]
+
+Each round, on one engine with the default step budget (256 tokens on CPU), the
+prefix cache is reset and the conversations' first turns are added at once:
+"fresh" as is; "fresh_no_wait" with the scheduler's in-flight prefix waiting
+turned off (every request admitted before the prompt's blocks are cached computes
+them again: the behaviour before inference/inflight.py); "warm" after one request
+with the same system prompt has put it in the cache. Figures: TTFT p50 and p90 per
+case (the median over rounds), prompt tokens computed, and fresh / warm (target:
+within 1.5x). Prints one JSON document and writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench import conversations as wl
+from bench.engine import greedy
+from bench.metrics import percentile
+from bench.workloads import chat_prompt_ids
+from inference.config import DEFAULT_MODEL, EngineConfig
+from inference.llm_engine import LLMEngine
+from inference.loader import load_tokenizer
+
+DEFAULT_OUT = Path("bench-results/shared_prefix.json")
+_t0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[shared-prefix {time.perf_counter() - _t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def ttfts(engine: LLMEngine, prompts: list[list[int]], reply_tokens: int) -> list[float]:
+    """Add every prompt at once and step until all finish; each one's TTFT."""
+    start = time.perf_counter()
+    ids = [f"sp-{i}-{time.perf_counter_ns()}" for i in range(len(prompts))]
+    for rid, p in zip(ids, prompts, strict=True):
+        engine.add_request(rid, p, greedy(reply_tokens))
+    first: dict[str, float] = {}
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        now = time.perf_counter()
+        for out in outs:
+            first.setdefault(out.request_id, now)
+    return [first[r] - start for r in ids]
+
+
+def one_case(engine: LLMEngine, prompts, reply_tokens: int, warm: list[int] | None,
+             wait: bool) -> dict:
+    engine.reset_prefix_cache()
+    if warm is not None:
+        engine.generate([warm], greedy(1))
+    kv = engine.kv
+    queries, hits = kv.prefix_cache_queries, kv.prefix_cache_hits
+    if not wait:
+        engine.scheduler._inflight = lambda out: None  # an instance attribute, removed below
+    try:
+        times = ttfts(engine, prompts, reply_tokens)
+    finally:
+        if not wait:
+            del engine.scheduler._inflight
+    computed = (kv.prefix_cache_queries - queries) - (kv.prefix_cache_hits - hits)
+    return {
+        "ttft_p50_s": percentile(times, 50),
+        "ttft_p90_s": percentile(times, 90),
+        "ttft_max_s": max(times),
+        "prompt_tokens_computed": computed,
+    }
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tok = load_tokenizer(args.model)
+    workload = wl.multiturn(args.conversations, 1, args.system_tokens, args.user_tokens,
+                            args.reply_tokens, args.seed, tok)
+    prompts = [chat_prompt_ids(tok, c.messages([])) for c in workload.conversations]
+    warm = chat_prompt_ids(tok, workload.warmup_messages())
+    per_request = max(map(len, prompts)) + args.reply_tokens
+    config = EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        max_num_seqs=max(args.conversations, 1),
+        num_blocks=2 * args.conversations * (per_request // 16 + 2) + 64,
+        max_num_batched_tokens=args.step_budget,
+    )
+    engine = LLMEngine(config, tok)
+    log(f"{args.conversations} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} "
+        f"tokens, step budget {config.max_num_batched_tokens}, {config.dtype}")
+    one_case(engine, prompts[:2], 2, warm, True)  # loads what a first request loads
+    cases = {"fresh": (None, True), "fresh_no_wait": (None, False), "warm": (warm, True)}
+    rounds: dict[str, list[dict]] = {k: [] for k in cases}
+    for r in range(args.rounds):
+        for name, (warm_prompt, wait) in cases.items():
+            rounds[name].append(one_case(engine, prompts, args.reply_tokens, warm_prompt, wait))
+        log(f"round {r + 1}/{args.rounds}: " + ", ".join(
+            f"{k} p50 {v[-1]['ttft_p50_s']:.2f} s ({v[-1]['prompt_tokens_computed']} tokens)"
+            for k, v in rounds.items()))
+    med = {
+        name: {key: statistics.median(x[key] for x in runs) for key in runs[0]}
+        for name, runs in rounds.items()
+    }
+    return {
+        "conversations": args.conversations,
+        "system_tokens": args.system_tokens,
+        "prompt_tokens": [len(p) for p in prompts],
+        "step_budget": config.max_num_batched_tokens,
+        "dtype": config.dtype,
+        "threads": torch.get_num_threads(),
+        "median": med,
+        "fresh_over_warm_p50": med["fresh"]["ttft_p50_s"] / med["warm"]["ttft_p50_s"],
+        "fresh_no_wait_over_warm_p50": (
+            med["fresh_no_wait"]["ttft_p50_s"] / med["warm"]["ttft_p50_s"]
+        ),
+        "target_fresh_over_warm": 1.5,
+        "rounds": rounds,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench shared-prefix", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--conversations", type=int, default=16)
+    p.add_argument("--system-tokens", type=int, default=512)
+    p.add_argument("--user-tokens", type=int, default=60)
+    p.add_argument("--reply-tokens", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--step-budget", type=int, default=None,
+                   help="max_num_batched_tokens (default: the engine's, 256 on CPU)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    result = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
+    return result
