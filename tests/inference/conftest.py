@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -60,14 +61,30 @@ def tiny_qwen2(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
 
 
+def weight_dtype_under_test() -> str | None:
+    """$PREFIXCHAT_TEST_WEIGHT_DTYPE (bf16, int8, int4): the engine tests' weight dtype;
+    unset, engines keep their weights in the compute dtype."""
+    return os.environ.get("PREFIXCHAT_TEST_WEIGHT_DTYPE") or None
+
+
+@pytest.fixture(scope="session")
+def quant_cache_dir(tmp_path_factory) -> Path:
+    """Quantized copies of the tests' throwaway models live here, not in the user's cache."""
+    return tmp_path_factory.mktemp("quantized")
+
+
 @pytest.fixture
-def make_engine(tiny_model):
-    """Build an fp32 engine on the tiny model; keyword arguments go to EngineConfig."""
+def make_engine(tiny_model, quant_cache_dir):
+    """Build an fp32 engine on the tiny model; keyword arguments go to EngineConfig.
+    Its linear weights are quantized as $PREFIXCHAT_TEST_WEIGHT_DTYPE says, if set."""
 
     def build(**kw) -> LLMEngine:
         kw.setdefault("model", str(tiny_model))
         kw.setdefault("dtype", "float32")
         kw.setdefault("num_blocks", 256)
+        if weight_dtype := weight_dtype_under_test():
+            kw.setdefault("weight_dtype", weight_dtype)
+            kw.setdefault("model_cache_dir", str(quant_cache_dir))
         return LLMEngine(EngineConfig(**kw))
 
     return build

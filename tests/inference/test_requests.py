@@ -209,7 +209,7 @@ def test_bf16_engine_packs_its_weights_and_decodes_as_the_plain_one(make_engine)
     prompts = [[5, 17, 300, 42], [9, 9, 81, 4000, 12, 7], [77]]
     outputs = {}
     for pack in (True, False):
-        engine = make_engine(dtype="bfloat16", pack_weights=pack)
+        engine = make_engine(dtype="bfloat16", pack_weights=pack, weight_dtype="bf16")
         down = engine.runner.model.layers[0].mlp.down_proj
         assert (down.packed is not None) == (pack and torch.backends.mkldnn.is_available())
         for i, p in enumerate(prompts):
