@@ -97,11 +97,14 @@ async def serve(job: Job, channel: str) -> dict:
     engine = await aget_engine()
     watcher = asyncio.create_task(_watch_abort(engine, job.request_id))
     outputs = 0
+    reasons: dict[int, str] = {}
     try:
         async for out in run_here(job):
             await _send(layer, channel, {"type": "gen.output", "kind": "output",
                                          "output": _output_dict(out)})
             outputs += 1
+            if out.finished:
+                reasons[out.index] = out.finish_reason
     except InvalidRequestError as exc:
         await _send(layer, channel, {"type": "gen.output", "kind": "refused",
                                      "message": str(exc), "param": exc.param, "code": exc.code})
@@ -112,7 +115,8 @@ async def serve(job: Job, channel: str) -> dict:
     finally:
         watcher.cancel()
     await _send(layer, channel, {"type": "gen.output", "kind": "end"})
-    return {"outcome": "generated", "outputs": outputs}
+    return {"outcome": "generated", "outputs": outputs,
+            "finish_reasons": [reasons[i] for i in sorted(reasons)]}
 
 
 async def _send(layer, channel: str, message: dict) -> None:

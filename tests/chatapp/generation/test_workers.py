@@ -289,3 +289,94 @@ def test_with_the_broker_down_a_message_is_refused_kept_and_retried_later(
         assert Message.objects.filter(conversation=conversation).count() == 3
     finally:
         cluster.stop()
+
+
+# -- /v1 on the workers ------------------------------------------------------------------
+
+
+def _v1(cluster: Cluster, key: str):
+    import httpx2 as httpx
+
+    return httpx.Client(base_url=f"{cluster.web_url}/v1", timeout=120,
+                        headers={"Authorization": f"Bearer {key}"})
+
+
+def _sse(response) -> list:
+    data = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+def _affinity(cluster: Cluster) -> dict[str, str]:
+    redis = redis_client(cluster.broker_url)
+    prefix = f"prefixchat:affinity:{cluster.shared_queue}:"
+    return {k.decode()[len(prefix):]: redis.get(k).decode()
+            for k in redis.scan_iter(prefix + "*")}
+
+
+def _completion_results() -> list[dict]:
+    rows = TaskResult.objects.filter(result__contains='"finish_reasons"',
+                                     status="SUCCESS").order_by("date_done")
+    return [json.loads(r.result) for r in rows]
+
+
+def test_v1_runs_on_a_worker_and_a_stateless_client_s_next_turn_lands_on_it(cluster, alice):
+    from chatapp.api.services import api_key_create
+
+    _, key = api_key_create(user=alice, max_concurrent=4)
+    system = {"role": "system", "content": "You are a terse assistant. " * 12}
+    with _v1(cluster, key) as v1:
+        for question in ("Name a planet.", "Name a colour.", "Name a river."):
+            before = _affinity(cluster)
+            first = [system, {"role": "user", "content": question}]
+            with v1.stream("POST", "/chat/completions", json={
+                "model": "smollm2-135m-instruct", "messages": first, "max_tokens": 24,
+                "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            }) as response:
+                assert response.status_code == 200, response.read()
+                chunks = _sse(response)
+            # Streamed back in order: the role first, text, the finish, usage last, [DONE].
+            assert chunks[-1] == "[DONE]"
+            usage_chunk, body = chunks[-2], chunks[:-2]
+            assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] > 0
+            assert body[0]["choices"][0]["delta"]["role"] == "assistant"
+            assert body[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+            assert len({c["id"] for c in chunks[:-1]}) == 1
+            reply = "".join(c["choices"][0]["delta"].get("content") or "" for c in body)
+            turn1 = usage_chunk["usage"]
+
+            # Which worker ran turn 1: it recorded the conversation's key.
+            (conversation_key,) = set(_affinity(cluster)) - set(before)
+            worker = _affinity(cluster)[conversation_key]
+            assert worker in cluster.workers
+
+            second = [*first, {"role": "assistant", "content": reply},
+                      {"role": "user", "content": "And another one?"}]
+            done = v1.post("/chat/completions", json={
+                "model": "smollm2-135m-instruct", "messages": second, "max_tokens": 8,
+                "temperature": 0,
+            })
+            assert done.status_code == 200, done.text
+            turn2 = done.json()["usage"]
+            # Turn 2 ran on the same worker, whose cache held turn 1 (prompt and reply, the
+            # reply's ids spliced back) to whole blocks.
+            assert _affinity(cluster)[conversation_key] == worker
+            held = turn1["prompt_tokens"] + turn1["completion_tokens"] - 1
+            assert turn2["prompt_tokens_details"]["cached_tokens"] >= held // 16 * 16, (turn1, turn2)
+
+
+def test_a_v1_client_that_leaves_aborts_its_generation_on_the_worker(cluster, alice):
+    from chatapp.api.services import api_key_create
+
+    _, key = api_key_create(user=alice)
+    ran = len(_completion_results())
+    with _v1(cluster, key) as v1, v1.stream("POST", "/chat/completions", json={
+        "model": "smollm2-135m-instruct", "max_tokens": 1000, "temperature": 0,
+        "messages": [{"role": "user", "content": LONG}], "stream": True,
+    }) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                break  # the first text arrived: leave
+    results = wait_for(lambda: _completion_results()[ran:], what="the worker's task result")
+    assert results[-1]["finish_reasons"] == ["abort"], results
+    assert results[-1]["outputs"] < 1000
