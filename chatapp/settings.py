@@ -142,6 +142,12 @@ LLM_ENGINE_ID = os.environ.get("LLM_ENGINE_ID") or f"web@{socket.gethostname()}"
 LLM_NUM_BLOCKS = int(os.environ.get("LLM_NUM_BLOCKS", "0")) or None
 LLM_MAX_NUM_SEQS = int(os.environ.get("LLM_MAX_NUM_SEQS", "0")) or None
 LLM_MAX_MODEL_LEN = int(os.environ.get("LLM_MAX_MODEL_LEN", "0")) or None
+# Weights: bf16 (the compute dtype), int8 or int4 (quantized once, kept beside the model).
+LLM_WEIGHT_DTYPE = os.environ.get("LLM_WEIGHT_DTYPE") or None
+# KV blocks evicted from the pool are kept in host memory up to this many bytes, and
+# under LLM_KV_DIR on disk (so a restart keeps them); unset: the engine's defaults.
+LLM_KV_OFFLOAD_BYTES = int(os.environ.get("LLM_KV_OFFLOAD_BYTES", "0")) or None
+LLM_KV_DIR = os.environ.get("LLM_KV_DIR") or None
 
 # Chat service.
 LOGIN_URL = "login"

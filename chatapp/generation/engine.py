@@ -36,6 +36,9 @@ def engine_config():
         ("num_blocks", settings.LLM_NUM_BLOCKS),
         ("max_num_seqs", settings.LLM_MAX_NUM_SEQS),
         ("max_model_len", settings.LLM_MAX_MODEL_LEN),
+        ("weight_dtype", settings.LLM_WEIGHT_DTYPE),
+        ("kv_offload_bytes", settings.LLM_KV_OFFLOAD_BYTES),
+        ("kv_dir", settings.LLM_KV_DIR),
     ):
         if value:
             kwargs[name] = value
