@@ -97,15 +97,23 @@ class DiskStore:
     @staticmethod
     def _read_header(path: Path) -> tuple[dict, int]:
         with open(path, "rb") as f:
-            if f.read(len(MAGIC)) != MAGIC:
-                raise ValueError("not a KV block file")
-            (n,) = _HEADER_LEN.unpack(f.read(_HEADER_LEN.size))
-            if n > 1 << 16:
-                raise ValueError("header too long")
-            header = json.loads(f.read(n))
+            return DiskStore._parse_header(f.read(1 << 12), f)
+
+    @staticmethod
+    def _parse_header(data: bytes, f=None) -> tuple[dict, int]:
+        """(header, payload offset) from the file's first bytes (more read from f if needed)."""
+        start = len(MAGIC) + _HEADER_LEN.size
+        if len(data) < start or data[: len(MAGIC)] != MAGIC:
+            raise ValueError("not a KV block file")
+        (n,) = _HEADER_LEN.unpack(data[len(MAGIC) : start])
+        if n > 1 << 16:
+            raise ValueError("header too long")
+        if len(data) < start + n and f is not None:
+            data += f.read(start + n - len(data))
+        header = json.loads(data[start : start + n])
         if not isinstance(header, dict):
             raise ValueError("header is not an object")
-        return header, len(MAGIC) + _HEADER_LEN.size + n
+        return header, start + n
 
     def _foreign(self, header: dict, block_hash: bytes) -> str | None:
         for key, want in self.identity.items():
@@ -149,10 +157,11 @@ class DiskStore:
             return None
         path = self._path(block_hash)
         try:
-            header, offset = self._read_header(path)
             with open(path, "rb") as f:
-                f.seek(offset)
-                payload = f.read()
+                data = bytearray(os.fstat(f.fileno()).st_size)  # writable, for torch
+                f.readinto(data)
+            header, offset = self._parse_header(data)
+            payload = memoryview(data)[offset:]
         except (OSError, ValueError) as exc:
             self._drop(block_hash, unlink=False)
             if not isinstance(exc, FileNotFoundError):  # another engine may have removed it
@@ -169,7 +178,9 @@ class DiskStore:
         self.index.move_to_end(block_hash)
         with contextlib.suppress(OSError):
             os.utime(path)  # last use, for the LRU order after a restart
-        return torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(dtype).reshape(shape)
+        out = torch.empty(shape, dtype=dtype)
+        out.reshape(-1).view(torch.uint8).copy_(torch.frombuffer(payload, dtype=torch.uint8))
+        return out
 
     def _drop(self, block_hash: bytes, unlink: bool = True) -> None:
         size = self.index.pop(block_hash, None)
@@ -335,11 +346,10 @@ class KVTier:
         began = time.perf_counter()
         pool.touch(protect)
         blocks = pool.allocate(len(wanted))
-        ids = torch.tensor([b.block_id for b in blocks], device=self.kv_cache.device)
-        src = torch.stack([d for _, d in wanted], dim=2)
-        self.kv_cache.index_copy_(2, ids, src.to(self.kv_cache.device, non_blocking=self.pin))
         bs = self.kv_cache.shape[3]
-        for i, (b, (h, _)) in enumerate(zip(blocks, wanted, strict=True)):
+        for i, (b, (h, data)) in enumerate(zip(blocks, wanted, strict=True)):
+            # One copy per block straight into its slot (pinned host -> device on CUDA).
+            self.kv_cache[:, :, b.block_id].copy_(data, non_blocking=self.pin)
             j = start + i
             pool.cache_block(b, h, token_ids[j * bs : (j + 1) * bs])
             b.from_tier = True

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from inference import AsyncEngine, SamplingParams
+from inference.async_engine import _Prewarm
 from inference.kv_offload import MAGIC, SUFFIX
 from inference.sequence import Sequence
 
@@ -213,15 +214,15 @@ def test_each_miss_reason_in_the_situation_it_names(tiered, make_engine):
     assert run(engine, prompt + [5]).prefix_cache.reason == "cold"
     full = run(engine, prompt + [6]).prefix_cache
     assert (full.reason, full.matched_tokens, full.tier_tokens) == ("full", 64, 0)
+    # A partial hit: the shared first two blocks hit, the third was never computed.
+    other = run(engine, prompt[:32] + rand_ids(40, 8)).prefix_cache
+    assert (other.reason, other.matched_tokens) == ("cold", 32)
     evict_everything(engine)
     evicted = run(engine, prompt + [5]).prefix_cache
     assert (evicted.reason, evicted.evicted_from) == ("evicted", "pool")
     # Cached without a salt, asked with one (and the other way round): "salt".
     assert run(engine, prompt + [5], salt="s1").prefix_cache.reason == "salt"
     assert run(engine, prompt + [5], salt="s2").prefix_cache.reason == "salt"
-    # A partial hit: the shared first two blocks hit, the third was never computed.
-    other = run(engine, prompt[:32] + rand_ids(40, 8)).prefix_cache
-    assert (other.reason, other.matched_tokens) in {("cold", 32), ("evicted", 0)}
 
     # Evicted from the tier too: a tier of one block cannot keep the chain.
     small = tiered()
@@ -265,13 +266,21 @@ def test_async_prewarm_runs_on_the_step_thread_and_a_superseded_one_does_nothing
     aengine = AsyncEngine(engine=engine)
     try:
         async def main():
-            # Two calls queued together under one key: the first is superseded.
-            first = asyncio.ensure_future(aengine.prewarm(prompt, key="conv"))
-            second = asyncio.ensure_future(aengine.prewarm(prompt, key="conv"))
-            return await first, await second
+            loop = asyncio.get_running_loop()
+            # Superseded by a later call with the same key, or abandoned by its caller:
+            # the step thread skips it (called here directly, so the order is certain).
+            old, new = _Prewarm(loop, "conv"), _Prewarm(loop, "conv")
+            aengine._prewarms["conv"] = new
+            aengine._prewarm(old, prompt, None, 64)
+            new.cancelled = True
+            aengine._prewarm(new, prompt, None, 64)
+            skipped = (await old.future, await new.future)
+            # A live call goes through the command queue and the step thread.
+            return skipped, await aengine.prewarm(prompt, key="conv")
 
-        first, second = asyncio.run(main())
-        assert first in (0, 5) and first + second == 5
+        skipped, restored = asyncio.run(main())
+        assert skipped == (0, 0)
+        assert restored == 5
         assert engine.metrics_snapshot()["kv_tier_restores"] == 5
     finally:
         aengine.shutdown()
