@@ -3,6 +3,7 @@ batched call, and transformers' padded batch, on the same weights and prompts.
 
     python -m bench prefill-batch [--prompts 32] [--tokens 16] [--rounds 7]
                                   [--dtype bfloat16|float32] [--threads N] [--out PATH]
+                                  [--scores auto|held-whole|flash]
 
 Each round times one engine step that prefills every prompt (prefix cache reset,
 so nothing hits), with the short chunks' attention batched and with it forced per
@@ -83,6 +84,9 @@ def time_hf(model, prompts: list[list[int]]) -> float:
 def run(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.scores != "auto":  # the path this CPU would not take, timed here anyway
+        held = {torch.bfloat16, torch.float32} if args.scores == "held-whole" else set()
+        attention._HELD_WHOLE_DTYPES = frozenset(held)
     config = EngineConfig(
         model=args.model,
         dtype=args.dtype,
@@ -117,6 +121,8 @@ def run(args: argparse.Namespace) -> dict:
         "tokens_per_prompt": args.tokens,
         "dtype": config.dtype,
         "threads": torch.get_num_threads(),
+        "scores": args.scores,
+        "scores_held_whole": torch.bfloat16 in attention._HELD_WHOLE_DTYPES,
         "median_seconds": med,
         "tokens_per_s": {k: tokens / v for k, v in med.items() if not k.startswith("attention")},
         "batched_vs_per_sequence": med["per_sequence_s"] / med["batched_s"],
@@ -134,6 +140,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--scores", choices=("auto", "held-whole", "flash"), default="auto",
+                   help="force one CPU attention path (auto: this CPU's; held-whole is "
+                        "the path of bf16 CPUs without AMX)")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p.parse_args(argv)

@@ -18,6 +18,7 @@ from tests.kernels.test_attention import dense_attention
 # (context length, query tokens).
 PROMPTS = [(16, 16)] * 5 + [(3, 3), (11, 11), (17, 17), (2, 2)]  # whole prompts, ragged
 OVER_PREFIX = [(40, 7), (21, 5), (64, 16), (33, 2), (50, 30), (18, 9)]  # chunks over a cache
+EQUAL = [(16, 16)] * 6 + [(5, 1)]  # in place, unpadded (then a decode)
 MIXED = OVER_PREFIX + PROMPTS + [(29, 1), (7, 1)] + [(300, 40), (900, 20)]  # decodes, long
 
 
@@ -60,7 +61,9 @@ def spy(monkeypatch, name):
     return calls
 
 
-@pytest.mark.parametrize("shapes", [PROMPTS, OVER_PREFIX, MIXED], ids=["prompts", "prefix", "mixed"])
+@pytest.mark.parametrize(
+    "shapes", [PROMPTS, OVER_PREFIX, MIXED, EQUAL], ids=["prompts", "prefix", "mixed", "equal"]
+)
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("scores", ["held-whole", "flash"])
@@ -70,6 +73,8 @@ def test_batched_matches_per_sequence_and_dense(
 ):
     held = {torch.float32, torch.bfloat16} if scores == "held-whole" else set()
     monkeypatch.setattr(attention, "_HELD_WHOLE_DTYPES", held)
+    if scores == "flash":  # the batched call holds its scores whole on CPU up to this
+        monkeypatch.setattr(attention, "_MAX_SCORES", 0)
     q, k_cache, v_cache, meta, (queries, ks, vs) = build_step(
         shapes, num_heads, num_kv_heads, head_dim, dtype
     )
@@ -99,7 +104,8 @@ def test_thirty_two_short_prompts_take_one_call_per_layer(monkeypatch):
     for _ in range(3):  # layers share the step's metadata
         paged_attention(q, k_cache, v_cache, meta, 0.125)
     assert len(batched) == 3 and not single and not held
-    assert len(meta.prefill_batches(k_cache.shape[1])) == 1
+    [p] = meta.prefill_batches(k_cache.shape[1])
+    assert p.span == (0, 32 * 16) and p.real_rows is None  # views, no gather
 
 
 def test_long_chunks_keep_their_own_path(monkeypatch):
