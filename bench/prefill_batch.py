@@ -141,8 +141,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--scores", choices=("auto", "held-whole", "flash"), default="auto",
-                   help="force one CPU attention path (auto: this CPU's; held-whole is "
-                        "the path of bf16 CPUs without AMX)")
+                   help="force the per-sequence CPU attention path (auto: this CPU's; "
+                        "held-whole is that of bf16 CPUs without AMX); the batched call "
+                        "holds its scores whole on any CPU")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p.parse_args(argv)
