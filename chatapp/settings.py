@@ -154,6 +154,10 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "chat:home"
 LOGOUT_REDIRECT_URL = "login"
 CHAT_ALLOW_SIGNUP = env_bool("CHAT_ALLOW_SIGNUP", True)
+# Opening a conversation brings its KV blocks back from the host/disk tier (LLM_KV_DIR,
+# LLM_KV_OFFLOAD_BYTES), at most this many blocks, ahead of its next message.
+CHAT_PREWARM = env_bool("CHAT_PREWARM", True)
+CHAT_PREWARM_MAX_BLOCKS = int(os.environ.get("CHAT_PREWARM_MAX_BLOCKS", "512"))
 # Static files are served by the ASGI app itself, so `make run` is complete without a proxy.
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 # Start loading the model when the ASGI app is imported, not on the first message.

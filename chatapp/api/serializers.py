@@ -85,11 +85,26 @@ class ConversationFilterSerializer(serializers.Serializer):
     ordering = serializers.ChoiceField(choices=ORDERINGS, required=False, default="-updated_at")
 
 
+class PrefixCacheSerializer(serializers.Serializer):
+    reason = serializers.ChoiceField(
+        choices=["full", "evicted", "cold", "diverged", "salt", "disabled"],
+        help_text="Why the prefix-cache match ended where it did.",
+    )
+    matched_tokens = serializers.IntegerField()
+    tier_tokens = serializers.IntegerField(help_text="Of those, restored from host/disk.")
+    evicted_from = serializers.CharField(allow_null=True, help_text="pool or tier")
+    diverged_at = serializers.IntegerField(required=False, help_text="The first token that "
+                                           "differs from the previous turn's prompt.")
+    diverged_message_id = serializers.IntegerField(required=False, allow_null=True)
+    diverged_segment = serializers.CharField(required=False)
+
+
 class UsageSerializer(serializers.Serializer):
     prompt_tokens = serializers.IntegerField()
     cached_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
     ttft_ms = serializers.FloatField(allow_null=True)
+    prefix_cache = PrefixCacheSerializer(allow_null=True)
 
 
 class MessageSerializer(serializers.ModelSerializer):

@@ -72,6 +72,9 @@ class Message(models.Model):
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     ttft = models.FloatField(null=True, blank=True, help_text="seconds to the first token")
+    # For a reply: where its prompt's prefix-cache match ended and why (reason, tokens
+    # matched and restored from the host/disk tier, where a diverging prompt differs).
+    prefix_cache = models.JSONField(null=True, blank=True)
     finish_reason = models.CharField(max_length=16, blank=True, default="")
     error = models.TextField(blank=True, default="")
     # For a reply: the engine that generated it (a worker's hostname, or web@host). The

@@ -13,6 +13,8 @@ def usage_dict(message: Message) -> dict | None:
         "cached_tokens": message.cached_tokens or 0,
         "completion_tokens": message.completion_tokens or 0,
         "ttft_ms": None if message.ttft is None else round(message.ttft * 1000, 1),
+        # The cache receipt: why the prefix-cache match ended where it did.
+        "prefix_cache": message.prefix_cache,
     }
 
 

@@ -8,6 +8,7 @@ LLM_PRELOAD is on, so the first message does not wait for it).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import threading
 
@@ -57,6 +58,8 @@ def get_engine():
                 log.info("Loading model %s on %s (%s)...", config.model, config.device, config.dtype)
                 # The tokenizer loaded already (get_tokenizer) is kept: one per process.
                 _engine = AsyncEngine(engine=LLMEngine(config, tokenizer=_tokenizer))
+                # On a clean exit the engine keeps what its pool holds in LLM_KV_DIR.
+                atexit.register(_engine.shutdown)
                 log.info("Model loaded.")
     return _engine
 

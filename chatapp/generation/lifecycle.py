@@ -105,6 +105,7 @@ def reply_finish(
     ttft: float | None = None,
     finish_reason: str = "",
     error: str = "",
+    prefix_cache: dict | None = None,
 ) -> Message:
     """Record how a reply ended (done, stopped or error), with its ids and usage."""
     generated = list(generated_token_ids or [])
@@ -118,6 +119,7 @@ def reply_finish(
     reply.ttft = ttft
     reply.finish_reason = finish_reason or ""
     reply.error = error
+    reply.prefix_cache = prefix_cache
     reply.save()
     return reply
 

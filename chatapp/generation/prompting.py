@@ -66,6 +66,22 @@ def build_reply_prompt(*, tokenizer, conversation, history: list) -> ReplyPrompt
     )
 
 
+def conversation_prompt_ids(*, tokenizer, conversation, branch: list) -> list[int]:
+    """The ids the conversation's next turn starts with: its system segment and every
+    stored segment of `branch` (root first), up to the first message without ids."""
+    builder = builder_for(tokenizer)
+    try:
+        ids = builder.system_segment(conversation.preset_id, conversation.preset_version or None,
+                                     conversation.preset_variables or None)
+    except PromptError:
+        return []
+    for message in branch:
+        if not message.token_ids:
+            break
+        ids.extend(message.token_ids)
+    return ids
+
+
 def reply_segment(prompt: ReplyPrompt, generated: list[int], *, finished_with_eos: bool) -> list[int]:
     """The ids a finished (or stopped) reply stores for later prompts."""
     return prompt.builder.assistant_segment(list(generated), finished_with_eos)

@@ -6,7 +6,9 @@ and the Celery task call.
 - run_reply: prompt from the prompt manager, tokens through chatapp.generation.requests,
   numbered deltas to the conversation's group, the result recorded (lifecycle);
 - stop: here at once, or through the flag a worker's generation polls;
-- delete_conversation: stop its running replies, then delete it.
+- delete_conversation: stop its running replies, then delete it;
+- prewarm: when a conversation is opened, bring its KV blocks back from the engine's
+  host/disk tier ahead of its next message.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from chatapp.chat import selectors
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Conversation, Message
 from chatapp.chat.serializers import message_dict
-from chatapp.generation import dispatch, lifecycle, prompting
+from chatapp.generation import dispatch, lifecycle, prompting, receipts
 from chatapp.generation.engine import aget_engine, loaded_engine
 from chatapp.generation.events import DeltaBatcher, publish
 from chatapp.generation.requests import Generation, Job, Options, run_here
+from chatapp.prompts.services import cache_salt_for
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ class PreparedReply:
     reply: Message
     group: str
     prompt: prompting.ReplyPrompt
+    diverged: receipts.Divergence | None = None
 
 
 # -- start -------------------------------------------------------------------------
@@ -135,8 +139,31 @@ def delete_conversation(*, conversation: Conversation) -> None:
     chat_services.conversation_delete(conversation=conversation)
 
 
-def is_running(reply_id: int) -> bool:
-    return reply_id in _running
+def _prewarm_ids(conversation: Conversation, tokenizer) -> list[int]:
+    leaf = selectors.latest_leaf(conversation=conversation)
+    branch = selectors.message_path(message=leaf) if leaf is not None else []
+    return prompting.conversation_prompt_ids(tokenizer=tokenizer, conversation=conversation,
+                                             branch=branch)
+
+
+async def prewarm(conversation: Conversation) -> int:
+    """Bring the conversation's blocks back into this process's engine from its host/disk
+    tier (bounded by CHAT_PREWARM_MAX_BLOCKS; skipped when this engine is not loaded or
+    the conversation's replies go to workers); returns the blocks restored. Cancelling
+    the call (the page closed) leaves the engine as it was."""
+    engine = loaded_engine()
+    if not settings.CHAT_PREWARM or engine is None:
+        return 0
+    if await database_sync_to_async(dispatch.use_worker)(
+        max_new_tokens=settings.CHAT_MAX_NEW_TOKENS
+    ):
+        return 0
+    ids = await database_sync_to_async(_prewarm_ids)(conversation, engine.tokenizer)
+    if not ids:
+        return 0
+    salt = await database_sync_to_async(cache_salt_for)(conversation.owner)
+    return await engine.prewarm(ids, cache_salt=salt, max_blocks=settings.CHAT_PREWARM_MAX_BLOCKS,
+                                key=f"conversation-{conversation.pk}")
 
 
 # -- run ---------------------------------------------------------------------------
@@ -160,8 +187,10 @@ def _prepare(reply_id: int, tokenizer, engine_id: str) -> PreparedReply:
     except prompting.PromptFailure as exc:
         raise ReplyFailed(str(exc)) from exc
     chat_services.user_message_store_segment(message=path[-1], token_ids=prompt.user_segment)
+    diverged = receipts.divergence(reply=reply, plan=prompt.plan, path=path)
     lifecycle.reply_mark_streaming(reply=reply, served_by=engine_id)
-    return PreparedReply(reply=reply, group=conversation.group_name, prompt=prompt)
+    return PreparedReply(reply=reply, group=conversation.group_name, prompt=prompt,
+                         diverged=diverged)
 
 
 def _stored(reply_id: int) -> tuple[str, dict]:
@@ -297,6 +326,9 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
                                      "seq": seq, "text": text})
 
     fields = _final_fields(prompt, last, error=error)
+    fields["prefix_cache"] = receipts.receipt(
+        getattr(last, "prefix_cache", None), prepared.diverged, prompt.builder.block_size
+    )
     final = await database_sync_to_async(_finish)(reply_id, lease, fields)
     if final is None:
         return {}

@@ -72,8 +72,19 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.group = self.conversation.group_name
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.send_event({"type": "hello", "conversation": conversation_dict(self.conversation)})
+        # The conversation's KV comes back from the host/disk tier while the person reads.
+        self.prewarming = asyncio.create_task(self.prewarm())
+
+    async def prewarm(self) -> None:
+        try:
+            await replies.prewarm(self.conversation)
+        except Exception:  # a missed prewarm costs one slower turn, never the socket
+            log.warning("Prewarming conversation %s failed", self.conversation.pk,
+                        exc_info=True)
 
     async def disconnect(self, code: int) -> None:
+        if getattr(self, "prewarming", None) is not None:
+            self.prewarming.cancel()
         if self.conversation is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         # A client that leaves stops its replies; each keeps its partial text as `stopped`.

@@ -108,7 +108,23 @@
       "completion " + u.completion_tokens,
     ];
     if (u.ttft_ms !== null && u.ttft_ms !== undefined) parts.push("TTFT " + Math.round(u.ttft_ms) + " ms");
+    const receipt = receiptText(u.prefix_cache);
+    if (receipt) parts.push(receipt);
     return parts.join(" · ");
+  }
+
+  // Why the prefix-cache match ended where it did (the reply's cache receipt).
+  function receiptText(r) {
+    if (!r) return "";
+    let text = "cache " + r.reason;
+    if (r.reason === "evicted" && r.evicted_from) text += " from " + r.evicted_from;
+    if (r.reason === "diverged") {
+      text += " at token " + r.diverged_at + " (" + r.diverged_segment;
+      if (r.diverged_message_id) text += " #" + r.diverged_message_id;
+      text += ")";
+    }
+    if (r.tier_tokens) text += ", " + r.tier_tokens + " restored";
+    return text;
   }
 
   function button(label, cls, onClick) {

@@ -1,0 +1,84 @@
+"""A reply's cache receipt: where its prompt's prefix-cache match ended, and why.
+
+The engine says how many prompt tokens matched (and how many came back from the
+host/disk tier) and why its match ended: the next block was evicted (from the pool,
+or from the tier too), is cached for another tenant only ("salt"), or was never
+computed. The chat adds what only it knows: the conversation's previous turn. When
+this prompt does not extend the previous turn's prompt and reply (an edit, a
+regenerated earlier turn), the match ends where they differ: "diverged", naming the
+message and the segment there. A match that ends only at tokens never seen before,
+after reusing everything seen, is "full".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chatapp.chat import selectors
+from chatapp.chat.models import Message
+
+SEGMENTS = {"system": "system prompt", "history": "earlier message", "user": "new message",
+            "generation_prompt": "reply header"}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    index: int  # the first prompt token that differs from the previous turn's
+    message_id: int | None  # the message whose segment holds it (None: the system prompt)
+    segment: str
+
+
+def _first_difference(a, b) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None
+
+
+def divergence(*, reply: Message, plan, path: list[Message]) -> Divergence | None:
+    """Where this reply's prompt (`plan`, built from `path`: root .. the user message)
+    first differs from the ids the conversation's previous reply left in the cache."""
+    finished = Message.objects.filter(
+        conversation_id=reply.conversation_id, role=Message.Role.ASSISTANT, pk__lt=reply.pk,
+        prompt_tokens__isnull=False,
+    ).order_by("-pk")[:8]
+    # The latest reply that left ids (a failed one left none).
+    previous = next((m for m in finished if m.token_ids), None)
+    if previous is None:
+        return None
+    system = next((seg for seg in plan.segments if seg.kind == "system"), None)
+    before = list(plan.token_ids[: system.end]) if system is not None else []
+    for message in selectors.message_path(message=previous):
+        before.extend(message.token_ids)
+    at = _first_difference(plan.token_ids, before)
+    if at is None:
+        return None
+    # History segments follow the path's messages in order; the new message is last.
+    owners = iter(path)
+    for seg in plan.segments:
+        owner = next(owners) if seg.kind in ("history", "user") else None
+        if seg.start <= at < seg.end:
+            return Divergence(at, owner.pk if owner is not None else None,
+                              SEGMENTS.get(seg.kind, seg.kind))
+    return Divergence(at, None, "prompt")
+
+
+def receipt(record, diverged: Divergence | None, block_size: int) -> dict | None:
+    """The receipt stored with a reply, from the engine's record (None: not admitted)."""
+    if record is None:
+        return None
+    out = {"reason": record.reason, "matched_tokens": record.matched_tokens,
+           "tier_tokens": record.tier_tokens, "evicted_from": record.evicted_from}
+    if record.reason == "full":
+        return out
+    if diverged is not None and record.matched_tokens >= diverged.index // block_size * block_size:
+        out.update(reason="diverged", evicted_from=None, diverged_at=diverged.index,
+                   diverged_message_id=diverged.message_id, diverged_segment=diverged.segment)
+    elif record.reason == "cold" and record.matched_tokens > 0:
+        out["reason"] = "full"
+    return out
+
+
+def openai_extension(record) -> dict | None:
+    """The same for a stateless /v1 request (no previous turn known)."""
+    return receipt(record, None, 1)
