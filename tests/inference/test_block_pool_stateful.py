@@ -101,6 +101,41 @@ class BlockPoolMachine(RuleBasedStateMachine):
             self._compute(seq, seq.num_tokens)
             self.live.append(seq)
 
+    @rule(prefix=st.sampled_from(PREFIXES), tail=st.lists(st.integers(10, 13), max_size=9),
+          salt=st.sampled_from([None, "t1"]), extra=st.lists(st.integers(10, 13), max_size=6))
+    def share_in_flight(self, prefix, tail, salt, extra):
+        """Two requests in one step (inference/inflight.py): the second takes the blocks
+        the first completes in this step before they are written or cached, then both
+        are computed; its blocks hold its own tokens."""
+        from inference.inflight import InflightBlocks
+
+        first = Sequence(self.next_id, f"r{self.next_id}", 0, prefix + tail, SamplingParams(), salt)
+        second = Sequence(self.next_id + 1, f"r{self.next_id + 1}", 0,
+                          prefix + tail + extra + [11], SamplingParams(), salt)
+        self.next_id += 2
+        hits = self.kv.find_cached_blocks(first)
+        n = first.num_tokens - len(hits) * BS
+        if not self.kv.can_admit(hits, n):
+            return
+        self.kv.admit(first, hits, n)
+        inflight = InflightBlocks(self.kv.pool, BS)
+        inflight.add(first, n)
+        hits2 = self.kv.find_cached_blocks(second)
+        assert inflight.extend_hits(second, hits2, (second.num_tokens - 1) // BS)
+        assert len(hits2) >= first.num_tokens // BS  # all of first's full blocks
+        n2 = second.num_tokens - len(hits2) * BS
+        live = [first]
+        if self.kv.can_admit(hits2, n2):
+            self.kv.admit(second, hits2, n2)
+            live.append(second)
+        # The step: every token's K/V is written, then the blocks are cached.
+        for seq in live:
+            self._compute(seq, seq.num_tokens)
+        for seq in live:
+            for i, b in enumerate(seq.block_table[: seq.num_tokens // BS]):
+                assert self.slots(b) == seq.token_ids[i * BS : (i + 1) * BS]
+        self.live += live
+
     @precondition(lambda self: self.live)
     @rule(data=st.data())
     def free(self, data):
