@@ -258,29 +258,39 @@ def test_prewarm_brings_blocks_back_and_the_next_request_counts_them(tiered):
     assert plain.prewarm(prompt) == 0
 
 
-def test_async_prewarm_runs_on_the_step_thread_and_a_superseded_one_does_nothing(tiered):
+def test_async_prewarm_skips_a_superseded_or_abandoned_call(tiered):
     engine = tiered()
     prompt = rand_ids(80, 10)
     run(engine, prompt + [5])
     evict_everything(engine)
     aengine = AsyncEngine(engine=engine)
-    try:
-        async def main():
-            loop = asyncio.get_running_loop()
-            # Superseded by a later call with the same key, or abandoned by its caller:
-            # the step thread skips it (called here directly, so the order is certain).
-            old, new = _Prewarm(loop, "conv"), _Prewarm(loop, "conv")
-            aengine._prewarms["conv"] = new
-            aengine._prewarm(old, prompt, None, 64)
-            new.cancelled = True
-            aengine._prewarm(new, prompt, None, 64)
-            skipped = (await old.future, await new.future)
-            # A live call goes through the command queue and the step thread.
-            return skipped, await aengine.prewarm(prompt, key="conv")
+    aengine.shutdown()  # its step thread stops; the slices run here, in a known order
 
-        skipped, restored = asyncio.run(main())
-        assert skipped == (0, 0)
-        assert restored == 5
-        assert engine.metrics_snapshot()["kv_tier_restores"] == 5
+    async def main():
+        loop = asyncio.get_running_loop()
+        old, new = _Prewarm(loop, "conv"), _Prewarm(loop, "conv")
+        aengine._prewarms["conv"] = new  # a later call with the same key
+        aengine._pending_prewarms.extend([[old, prompt, None, 64, 0], [new, prompt, None, 64, 0]])
+        new.cancelled = True  # its caller stopped waiting
+        aengine._prewarm_slice()
+        aengine._prewarm_slice()
+        return await old.future, await new.future
+
+    assert asyncio.run(main()) == (0, 0)
+    assert engine.metrics_snapshot()["kv_tier_restores"] == 0
+
+
+def test_async_prewarm_runs_in_slices_on_the_step_thread(tiered):
+    engine = tiered()
+    prompt = rand_ids(80, 11)
+    run(engine, prompt + [5])
+    evict_everything(engine)
+    aengine = AsyncEngine(engine=engine)
+    aengine.PREWARM_SLICE = 2  # 2 + 2 + 1 blocks, between steps
+    try:
+        assert asyncio.run(aengine.prewarm(prompt)) == 5
+        snap = engine.metrics_snapshot()
+        assert snap["kv_tier_restores"] == 5
+        assert snap["kv_tier_restore_seconds"]["count"] == 3  # one restore per slice
     finally:
         aengine.shutdown()
