@@ -131,6 +131,8 @@ def test_chat_streams_reuses_the_cache_and_stops(page, server):
     wait_for_final(page, 1)
     second = usage(page, 1)
     assert second["cached"] >= (first["prompt"] // 16) * 16 > 0
+    # The usage line carries the reply's cache receipt: the second turn reused it all.
+    assert "cache full" in replies(page).nth(1).locator(".usage").inner_text()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "chat-page.png"), full_page=True)
 
