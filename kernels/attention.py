@@ -301,11 +301,16 @@ def paged_attention(
 # longest chunk and context of their group, rather than one call (and one gather)
 # per sequence per layer: at 32 prompts of 16 tokens the per-call overheads were most
 # of the attention's time. A chunk batches when it has at most _BATCH_MAX_QUERY
-# tokens over at most _BATCH_MAX_LEN keys, and a group is cut where padding would
-# more than double its work (queries x keys); a longer chunk gains little from
-# sharing a call, and keeps its own path (on CPUs without AMX, the C softmax).
+# tokens over at most _BATCH_MAX_LEN keys and at most _BATCH_MAX_CHUNK_SCORES
+# scores per head, and a group is cut where padding would more than double its work
+# (queries x keys). Past these the per-sequence calls were as fast or faster (16
+# chunks, bf16, one thread, per-sequence time over batched: with AMX 1.3-1.5x at
+# n <= 16 over L <= 64, 1.1x at 16 over 128, 0.9x at 24 over 128, 0.3-0.7x at
+# L >= 256; scores held whole per sequence, 1.7-2.7x at L = n, 1.0-1.3x at 128,
+# 0.7-0.9x at 256).
 _BATCH_MAX_QUERY = 32
-_BATCH_MAX_LEN = 1024
+_BATCH_MAX_LEN = 128
+_BATCH_MAX_CHUNK_SCORES = 2048
 _BATCH_MAX_PADDING = 2.0
 
 
@@ -317,7 +322,9 @@ def group_short_prefills(query_lens: list[int], seq_lens: list[int]) -> list[lis
         (
             i
             for i, n in enumerate(query_lens)
-            if 1 < n <= _BATCH_MAX_QUERY and seq_lens[i] <= _BATCH_MAX_LEN
+            if 1 < n <= _BATCH_MAX_QUERY
+            and seq_lens[i] <= _BATCH_MAX_LEN
+            and n * seq_lens[i] <= _BATCH_MAX_CHUNK_SCORES
         ),
         key=lambda i: seq_lens[i],
     )
@@ -368,10 +375,12 @@ def _prefill_batch_attention(
     q = query[p.span[0] : p.span[1]] if p.span else query.index_select(0, p.query_idx)
     q = q.view(b, p.n_max, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     if query.is_cpu and b * heads * p.n_max * p.max_len <= _MAX_SCORES:
-        q = (q * scale).to(k.dtype).reshape(b * kv_heads, rows, head_dim)
+        q = q.reshape(b * kv_heads, rows, head_dim).to(k.dtype)
         k = k.reshape(b * kv_heads, p.max_len, head_dim)
-        scores = torch.bmm(q, k.transpose(1, 2)).float().view(b, kv_heads, rows, p.max_len)
-        scores += p.mask(group, torch.float32)
+        scores = torch.bmm(q, k.transpose(1, 2)).view(b, kv_heads, rows, p.max_len)
+        # Scaled with the mask added, in one op into fp32 (scaling the queries first
+        # costs more than the scores here; for a power-of-two scale the two agree).
+        scores = torch.add(p.mask(group, torch.float32), scores, alpha=scale)
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         o = torch.matmul(probs, v)
     else:

@@ -123,7 +123,10 @@ def test_groups_are_cut_where_padding_would_double_the_work():
     assert group_short_prefills([1, 1, 16], [9, 9, 16]) == []
     assert group_short_prefills([16, 40], [16, 40]) == []
     # A short prompt and a short chunk over a long history go to different groups.
-    groups = group_short_prefills([16, 16, 8, 8], [16, 16, 900, 880])
+    groups = group_short_prefills([16, 16, 8, 8], [16, 16, 120, 110])
     assert sorted(map(sorted, groups)) == [[0, 1], [2, 3]]
     # Alone in its group: per-sequence.
-    assert group_short_prefills([16, 16, 8], [16, 16, 900]) == [[0, 1]]
+    assert group_short_prefills([16, 16, 8], [16, 16, 120]) == [[0, 1]]
+    # Too many scores per chunk (n x L) or keys: per-sequence.
+    assert group_short_prefills([32, 32], [100, 100]) == []
+    assert group_short_prefills([4, 4], [200, 200]) == []
