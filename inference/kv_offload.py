@@ -126,17 +126,18 @@ class DiskStore:
     def __contains__(self, block_hash: bytes) -> bool:
         return block_hash in self.index
 
-    def put(self, block_hash: bytes, data: torch.Tensor) -> None:
+    def put(self, block_hash: bytes, data: torch.Tensor) -> list[bytes]:
+        """Write a block (or refresh its LRU place); returns the hashes pushed out."""
         if block_hash in self.index:
             self.index.move_to_end(block_hash)
-            return
+            return []
         payload = _payload_bytes(data)
         header = dict(self.identity, hash=block_hash.hex(), payload_bytes=len(payload),
                       checksum=_checksum(payload))
         head = json.dumps(header, sort_keys=True).encode()
         blob = b"".join((MAGIC, _HEADER_LEN.pack(len(head)), head, payload))
         if len(blob) > self.max_bytes:
-            return
+            return []
         path = self._path(block_hash)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
@@ -146,10 +147,10 @@ class DiskStore:
         except OSError as exc:
             log.warning("KV tier: could not write %s: %s", path, exc)
             tmp.unlink(missing_ok=True)
-            return
+            return []
         self.index[block_hash] = len(blob)
         self.bytes += len(blob)
-        self._shrink()
+        return self._shrink()
 
     def get(self, block_hash: bytes, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         """The block's K/V, or None (and the file dropped) if it is gone or corrupt."""
@@ -197,7 +198,6 @@ class DiskStore:
             block_hash = next(iter(self.index))
             self._drop(block_hash)
             dropped.append(block_hash)
-        self.last_dropped = dropped
         return dropped
 
     def clear(self) -> None:
@@ -231,19 +231,16 @@ class KVTier:
                 "block_size": int(kv_cache.shape[3]),
                 "shape": list(self.block_shape),
             })
-        # Hashes the tier held and dropped, so a miss can say it was evicted here too.
-        self.on_drop = None  # callable(hash), set by the cache manager
+        # Told each hash the tier lets go of (memory and disk), so a miss can say it was
+        # evicted here too; set by attach_tier.
+        self.on_drop = None
         self.offloads = 0  # blocks copied out of the pool
         self.restores = 0  # blocks copied back into the pool
-        self.restore_seconds = Histogram(RESTORE_BUCKETS)  # per restored run
+        self.restore_seconds = Histogram(RESTORE_BUCKETS)  # per restored run, reads included
 
     # --- what it holds -------------------------------------------------------
     def __contains__(self, block_hash: bytes) -> bool:
         return block_hash in self.memory or (self.disk is not None and block_hash in self.disk)
-
-    @property
-    def num_memory_blocks(self) -> int:
-        return len(self.memory)
 
     @property
     def memory_used_bytes(self) -> int:
@@ -289,8 +286,7 @@ class KVTier:
 
     def _keep(self, h: bytes, data: torch.Tensor) -> None:
         if self.disk is not None:
-            self.disk.put(h, data)
-            for gone in self.disk.last_dropped:
+            for gone in self.disk.put(h, data):
                 if gone not in self.memory:
                     self._dropped(gone)
         if self.memory_bytes >= self.block_bytes:
@@ -331,6 +327,7 @@ class KVTier:
         the pool and must not lose to the allocation (they are pinned meanwhile). At most
         max_blocks, and never more than the pool's free blocks that are not protected.
         """
+        began = time.perf_counter()
         free_protected = sum(1 for b in protect if b.ref_cnt == 0)
         room = min(max_blocks, pool.num_free_blocks - free_protected)
         wanted: list[tuple[bytes, torch.Tensor]] = []
@@ -343,7 +340,6 @@ class KVTier:
             wanted.append((h, data))
         if not wanted:
             return []
-        began = time.perf_counter()
         pool.touch(protect)
         blocks = pool.allocate(len(wanted))
         bs = self.kv_cache.shape[3]
