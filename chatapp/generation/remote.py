@@ -39,10 +39,13 @@ def _output_dict(out) -> dict:
 
 
 def _output(data: dict):
-    from inference.outputs import RequestOutput
+    from inference.outputs import PrefixCacheRecord, RequestOutput
 
     names = {f.name for f in dataclasses.fields(RequestOutput)}
-    return RequestOutput(**{k: v for k, v in data.items() if k in names})
+    out = RequestOutput(**{k: v for k, v in data.items() if k in names})
+    if isinstance(out.prefix_cache, dict):
+        out.prefix_cache = PrefixCacheRecord(**out.prefix_cache)
+    return out
 
 
 # -- the web process's side ----------------------------------------------------------

@@ -139,6 +139,7 @@ class Generation:
         self.prompt_tokens = len(job.prompt_ids)
         self.cached_tokens = 0
         self.ttft: float | None = None
+        self.prefix_cache = None  # the engine's receipt (inference.outputs.PrefixCacheRecord)
         self._stream = source(job)
         self._first = None
 
@@ -167,6 +168,7 @@ class Generation:
         if out.index == 0:
             self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
             self.ttft = out.ttft if out.ttft is not None else self.ttft
+            self.prefix_cache = out.prefix_cache or self.prefix_cache
         choice = self.choices.setdefault(out.index, Choice(out.index))
         choice.text, choice.token_ids = out.text, list(out.token_ids)
         if out.finished:

@@ -21,7 +21,7 @@ from chatapp.api import selectors, services
 from chatapp.api.errors import OpenAIError, internal, invalid
 from chatapp.api.models import ApiKey
 from chatapp.api.v1.parsing import CompletionRequest
-from chatapp.generation import dispatch, remote, router
+from chatapp.generation import dispatch, receipts, remote, router
 from chatapp.generation.engine import aget_tokenizer
 from chatapp.generation.requests import Generation, Job, Options, run_here
 from chatapp.prompts.errors import PromptError
@@ -142,7 +142,10 @@ class Completion:
             raise internal()
 
     def usage(self) -> dict:
-        return {**self.generation.usage(), "completion_tokens_details": {"reasoning_tokens": 0}}
+        usage = {**self.generation.usage(), "completion_tokens_details": {"reasoning_tokens": 0}}
+        if self.req.prefix_cache_receipt:  # only when asked: SDKs are not surprised
+            usage["prefix_cache"] = receipts.openai_extension(self.generation.prefix_cache)
+        return usage
 
     async def remember(self) -> None:
         """Keep the ids of every reply that can come back as history (see RememberedReply).

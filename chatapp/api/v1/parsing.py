@@ -34,6 +34,8 @@ class CompletionRequest:
     seed: int | None = None
     user: str | None = None
     cache_salt: str | None = None
+    # Our extension: usage.prefix_cache, why the prefix-cache match ended where it did.
+    prefix_cache_receipt: bool = False
 
     @property
     def turns(self) -> list[tuple[str, str]]:
@@ -200,4 +202,5 @@ def parse_completion_request(data: dict) -> CompletionRequest:
         seed=_int(data, "seed", -(2**63), 2**63 - 1),
         user=_optional_str(data, "user", 256),
         cache_salt=_optional_str(data, "cache_salt", 256),
+        prefix_cache_receipt=_bool(data, "prefix_cache_receipt"),
     )

@@ -156,3 +156,25 @@ def test_cache_salt_where_the_key_allows_it(accounts, client_for):
     again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2,
                                            extra_body={"cache_salt": "team-a"})
     assert again.usage.prompt_tokens_details.cached_tokens >= salted.usage.prompt_tokens // 16 * 16 - 16
+
+
+def test_the_prefix_cache_receipt_comes_only_when_asked(accounts, client_for, client):
+    messages = [{"role": "system", "content": _system_prompt(rules=8)},
+                {"role": "user", "content": "Hello"}]
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert "prefix_cache" not in plain.usage.model_dump()  # SDKs see OpenAI's shape
+
+    asked = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2,
+                                           extra_body={"prefix_cache_receipt": True})
+    receipt = asked.usage.model_dump()["prefix_cache"]
+    assert receipt["reason"] == "full"
+    assert receipt["matched_tokens"] == asked.usage.prompt_tokens_details.cached_tokens > 0
+
+    # Another tenant, the same prompt: the tokens are cached, but not for it.
+    _, other_key = accounts.user_with_key()
+    stream = client_for(other_key).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, stream=True,
+        stream_options={"include_usage": True}, extra_body={"prefix_cache_receipt": True},
+    )
+    usage = [chunk.usage for chunk in stream if chunk.usage is not None][-1]
+    assert usage.model_dump()["prefix_cache"]["reason"] == "salt"
