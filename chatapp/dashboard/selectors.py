@@ -175,6 +175,23 @@ def match_cause(
     return reusable, "short: ended inside the history (evicted or diverged)"
 
 
+def receipt_text(receipt: dict | None) -> str:
+    """A receipt in a few words, as the chat page's usage line shows it."""
+    if not receipt:
+        return "—"
+    text = receipt.get("reason", "?")
+    if text == "evicted" and receipt.get("evicted_from"):
+        text += f" from {receipt['evicted_from']}"
+    if text == "diverged":
+        where = receipt.get("diverged_segment", "")
+        if receipt.get("diverged_message_id"):
+            where += f" #{receipt['diverged_message_id']}"
+        text += f" at token {receipt.get('diverged_at')} ({where})"
+    if receipt.get("tier_tokens"):
+        text += f", {receipt['tier_tokens']} restored"
+    return text
+
+
 def _replies_by_request_id(request_ids: list[str]) -> dict[str, Message]:
     pks = [int(m.group(1)) for rid in request_ids if (m := REQUEST_ID_RE.match(rid or ""))]
     replies = Message.objects.filter(pk__in=pks).select_related("conversation", "parent__parent")
@@ -216,6 +233,12 @@ def recent_requests(*, reports: list[EngineReport], limit: int = RECENT_ROWS) ->
             "match_end_block": cached // bs if bs else None,
             "reusable_tokens": reusable,
             "cause": cause,
+            # The cache receipt: a chat reply's own (it knows the previous turn), else the
+            # engine's.
+            "receipt": receipt_text(
+                reply.prefix_cache if reply is not None and reply.prefix_cache
+                else req.get("prefix_cache")
+            ),
             "ttft": req.get("ttft"),
             "finish_reason": req.get("finish_reason"),
         })
