@@ -17,6 +17,8 @@
     python -m bench shared-prefix       16 new chats on one system prompt at once: turn-0
                                         TTFT on a fresh engine against a warm one
     python -m bench kernels-cuda        the Triton kernels on a CUDA device
+    python -m bench quant               single-stream decode with bf16, int8 and int4
+                                        linear weights, and each quantized matmul's time
     python -m bench llamacpp build|compare  llama.cpp's llama-server built here, and
                                         our server against it on the same workloads
 
@@ -39,6 +41,7 @@ SUBCOMMANDS = {
     "shared-prefix": "bench.shared_prefix",
     "kernels-cuda": "bench.kernels_cuda",
     "llamacpp": "bench.llamacpp",
+    "quant": "bench.quant",
 }
 
 

@@ -17,9 +17,12 @@ Rows are stored padded with zeros to a multiple of 64 columns (the kernel's
 vector width); int4 packs two nibbles (q + 8) a byte, column j of each 64-column
 chunk in the low nibble of its byte j and column 32 + j in the high one.
 
-A few rows (decode) run in C on AVX512-VNNI (kernels/csrc/quant_linear.c); more
-rows dequantize the weight and use oneDNN through F.linear; elsewhere (no VNNI,
-no compiler, CUDA) torch dequantizes and multiplies.
+A few rows (decode) run in C (kernels/csrc/quant_linear.c), which dequantizes each
+weight in registers and keeps the activations exact; more rows dequantize the
+weight whole and use oneDNN through F.linear; elsewhere (no AVX512-BF16, no
+compiler, CUDA) torch dequantizes and multiplies. Every path computes the same
+products, so a row's result does not depend on its batch (see the C file on why
+the activations are not quantized).
 """
 
 from __future__ import annotations
@@ -123,7 +126,7 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch
 
 
 def runs_kernel(x: torch.Tensor, qw: QuantizedWeight) -> bool:
-    """True where the C kernel takes x: a few contiguous bf16/fp32 CPU rows, VNNI."""
+    """True where the C kernel takes x: a few contiguous bf16/fp32 CPU rows."""
     return (
         x.is_cpu
         and x.dim() == 2

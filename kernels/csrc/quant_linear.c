@@ -1,4 +1,4 @@
-/* Matmuls against weight-only quantized weights, for CPUs with AVX512-VNNI.
+/* Matmuls against weight-only quantized weights, for CPUs with AVX512.
 
    Weights W [out, in] are stored with each row padded with zeros to in_pad, a
    multiple of 64:
@@ -9,95 +9,43 @@
      its low nibble and column 32 + j in its high one, so one load and a shift give
      the chunk's 64 columns in order. bf16 scales [out, in_pad / 32].
 
-   A few rows of x [rows, in] (bf16 or fp32) are quantized to int8 per block of 32
-   columns, then each dot product runs on vpdpbusd (u8 x s8 -> s32): the weight is
-   the unsigned operand (int8 weights offset by 128, int4 nibbles as stored) and
-   the offset's contribution, offset * sum(x), is taken away per row (int8) or per
-   lane (int4). Blocks are scaled and summed in fp32; each output is rounded once.
-   Many rows are not done here: the caller dequantizes (dequant_*) and uses oneDNN. */
+   A few rows of x [rows, in] (bf16 or fp32) multiply W with each weight dequantized
+   in registers (q * s in fp32, as dequant_* writes it) and fp32 sums; each output is
+   rounded once. The activations stay exact, so a row's result does not depend on
+   the path its batch takes: the many-row path (dequant_* then oneDNN) computes the
+   same products, and a recomputed prefix matches its decode to fp32 rounding.
+   (Quantizing the activations for integer dot products was tried: each output moved
+   by up to ~1 %, enough to flip a greedy choice between a decode and a recompute.)
+   Decoding is bound by reading the weights, which this reads at their packed size. */
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "vec.h"
 
-#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni")))
 #define MAX_ROWS 8
 #define TILE 16
 
-/* The activation rows in the form the dot products read: int8 values, the scale
-   of each 4-column lane (its block's), and offset * (sum of the lane's 4 values). */
-typedef struct {
-    int8_t *q;      /* rows x in_pad */
-    float *scale;   /* rows x in_pad / 4 */
-    int32_t *corr;  /* rows x in_pad / 4 */
-    float *row_corr; /* rows: sum over lanes of scale * corr (int8 weights) */
-} act_t;
-
-VNNI static inline __m512 load_row(const void *x, int bf16, int64_t c, __mmask16 m) {
-    if (bf16) return load_bf16((const uint16_t *)x + c, m);
-    return _mm512_maskz_loadu_ps(m, (const float *)x + c);
-}
-
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* One row x[in] -> act row r, with `offset` as the weight's unsigned offset. */
-VNNI static void quantize_row(const void *x, int bf16, int64_t in, int64_t in_pad,
-                              int offset, act_t *a, int64_t r) {
-    int8_t *q = a->q + r * in_pad;
-    float *scale = a->scale + r * in_pad / 4;
-    int32_t *corr = a->corr + r * in_pad / 4;
-    const __m512i off = _mm512_set1_epi8((char)offset);
-    __m256 total = _mm256_setzero_ps();
-    for (int64_t c = 0; c < in_pad; c += 32) {
-        __m512 v0 = _mm512_setzero_ps(), v1 = _mm512_setzero_ps();
-        if (c < in) v0 = load_row(x, bf16, c, tail_mask(in - c));
-        if (c + 16 < in) v1 = load_row(x, bf16, c + 16, tail_mask(in - c - 16));
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        float s = amax / 127.0f;
-        __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)));
-        __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)));
-        _mm_storeu_si128((__m128i *)(q + c), q0);
-        _mm_storeu_si128((__m128i *)(q + c + 16), q1);
-        /* offset * sum of each lane's 4 values, by the same instruction. */
-        __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
-        __m256i lane = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm512_castsi512_si256(off), both);
-        _mm256_storeu_si256((__m256i *)(corr + c / 4), lane);
-        __m256 sv = _mm256_set1_ps(s);
-        _mm256_storeu_ps(scale + c / 4, sv);
-        total = _mm256_add_ps(total, _mm256_mul_ps(sv, _mm256_cvtepi32_ps(lane)));
+/* x rows as fp32, each padded with zeros to in_pad (the weights' padding is zero too). */
+static float *widen_rows(const void *x, int bf16, int64_t rows, int64_t in, int64_t in_pad) {
+    float *xf = aligned_alloc(64, (size_t)(rows * in_pad) * sizeof(float));
+    if (!xf) return NULL;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < in_pad; c += 16) {
+            __m512 v = _mm512_setzero_ps();
+            if (c < in) {
+                __mmask16 m = tail_mask(in - c);
+                v = bf16 ? load_bf16((const uint16_t *)x + r * in + c, m)
+                         : _mm512_maskz_loadu_ps(m, (const float *)x + r * in + c);
+            }
+            _mm512_store_ps(xf + r * in_pad + c, v);
+        }
     }
-    a->row_corr[r] = hsum256(total);
+    return xf;
 }
 
-static int act_alloc(act_t *a, int64_t rows, int64_t in_pad) {
-    size_t nq = (size_t)(rows * in_pad), nl = (size_t)(rows * in_pad / 4);
-    /* One block, each part a multiple of 64 bytes long. */
-    size_t bytes = nq + 8 * nl + 64 * sizeof(float) + 64;
-    char *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!p) return 1;
-    a->q = (int8_t *)p;
-    a->scale = (float *)(p + nq);
-    a->corr = (int32_t *)(p + nq + 4 * nl);
-    a->row_corr = (float *)(p + nq + 8 * nl);
-    return 0;
-}
-
-VNNI static void prepare(const void *x, int bf16, int64_t rows, int64_t in, int64_t in_pad,
-                         int offset, act_t *a) {
-    const size_t esize = bf16 ? 2 : 4;
-    for (int64_t r = 0; r < rows; r++)
-        quantize_row((const char *)x + r * in * esize, bf16, in, in_pad, offset, a, r);
-}
-
-VNNI static inline void store_out(void *y, int bf16, int64_t out, int64_t r, int64_t o0,
-                                  const float *v, int n) {
+static inline void store_out(void *y, int bf16, int64_t out, int64_t r, int64_t o0,
+                             const float *v, int n) {
     __mmask16 m = tail_mask(n);
     __m512 f = _mm512_maskz_loadu_ps(m, v);
     if (bf16) {
@@ -108,56 +56,72 @@ VNNI static inline void store_out(void *y, int bf16, int64_t out, int64_t r, int
     }
 }
 
-/* The R rows' dot products with one int8 weight row, as fp32 sums of scaled blocks. */
-VNNI static inline __attribute__((always_inline)) void dot_int8(
-    const int8_t *w, const act_t *a, int64_t in_pad, const int R, float *res) {
-    __m512 acc[MAX_ROWS];
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < in_pad; k += 64) {
-        __m512i wu = _mm512_xor_si512(_mm512_loadu_si512(w + k), flip); /* q + 128 */
-        for (int r = 0; r < R; r++) {
-            __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu,
-                                            _mm512_loadu_si512(a->q + r * in_pad + k));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d),
-                                     _mm512_loadu_ps(a->scale + r * in_pad / 4 + k / 4), acc[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) res[r] = _mm512_reduce_add_ps(acc[r]) - a->row_corr[r];
+/* One or two rows get four sums each, so that the adds of one chain overlap. */
+#define CHAINS(R) ((R) <= 2 ? 4 : 1)
+
+/* acc[r] += w[0..3] . x[r][k .. k + 64] for 64 dequantized weights in w4. */
+static inline __attribute__((always_inline)) void fma_rows(
+    __m512 acc[MAX_ROWS][4], const __m512 w4[4], const float *xf, int64_t in_pad, int64_t k,
+    const int R) {
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++)
+            acc[r][j % CHAINS(R)] = _mm512_fmadd_ps(
+                w4[j], _mm512_load_ps(xf + r * in_pad + k + 16 * j), acc[r][j % CHAINS(R)]);
 }
 
-/* Same with one int4 weight row: two groups per 64-column chunk, each lane's offset
-   taken away before scaling (the weight scale differs per group). */
-VNNI static inline __attribute__((always_inline)) void dot_int4(
-    const uint8_t *w, const uint16_t *ws, const act_t *a, int64_t in_pad, const int R,
+static inline __attribute__((always_inline)) void sum_rows(
+    __m512 acc[MAX_ROWS][4], const int R, float scale, float *res) {
+    for (int r = 0; r < R; r++) {
+        __m512 t = acc[r][0];
+        for (int j = 1; j < CHAINS(R); j++) t = _mm512_add_ps(t, acc[r][j]);
+        res[r] = _mm512_reduce_add_ps(t) * scale;
+    }
+}
+
+/* The R rows' dot products with one int8 weight row (its scale applied last). */
+static inline __attribute__((always_inline)) void dot_int8(
+    const int8_t *w, const float *xf, int64_t in_pad, const int R, float *res, float scale) {
+    __m512 acc[MAX_ROWS][4];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < in_pad; k += 64) {
+        __m512 w4[4];
+        for (int j = 0; j < 4; j++)
+            w4[j] = _mm512_cvtepi32_ps(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + k + 16 * j))));
+        fma_rows(acc, w4, xf, in_pad, k, R);
+    }
+    sum_rows(acc, R, scale, res);
+}
+
+/* The same with one int4 weight row: the two groups of each 64-column chunk scaled
+   in registers. */
+static inline __attribute__((always_inline)) void dot_int4(
+    const uint8_t *w, const uint16_t *ws, const float *xf, int64_t in_pad, const int R,
     float *res) {
-    __m512 acc[MAX_ROWS];
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    const __m512i high16 = _mm512_set1_epi32((int)0xFFFF0000u);
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    __m512 acc[MAX_ROWS][4];
+    const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < in_pad; k += 64) {
         __m256i b = _mm256_loadu_si256((const __m256i *)(w + k / 2));
-        __m512i wu = _mm512_and_si512(
-            _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1), low4);
-        uint32_t pair;
-        memcpy(&pair, ws + k / 32, 4);
-        __m512i t = _mm512_set1_epi32((int)pair);
-        /* lanes 0-7: the first group's bf16 scale as fp32, lanes 8-15: the second's */
-        __m512 sw = _mm512_castsi512_ps(_mm512_mask_blend_epi32(
-            0xFF00, _mm512_slli_epi32(t, 16), _mm512_and_si512(t, high16)));
-        for (int r = 0; r < R; r++) {
-            __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu,
-                                            _mm512_loadu_si512(a->q + r * in_pad + k));
-            d = _mm512_sub_epi32(d, _mm512_loadu_si512(a->corr + r * in_pad / 4 + k / 4));
-            __m512 s = _mm512_mul_ps(sw, _mm512_loadu_ps(a->scale + r * in_pad / 4 + k / 4));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[r]);
-        }
+        __m256i lo = _mm256_sub_epi8(_mm256_and_si256(b, low4), eight);
+        __m256i hi = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), low4), eight);
+        const __m512 s0 = _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)ws[k / 32] << 16)));
+        const __m512 s1 =
+            _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)ws[k / 32 + 1] << 16)));
+        __m512 w4[4];
+        w4[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(lo))), s0);
+        w4[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(lo, 1))), s0);
+        w4[2] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(hi))), s1);
+        w4[3] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(hi, 1))), s1);
+        fma_rows(acc, w4, xf, in_pad, k, R);
     }
-    for (int r = 0; r < R; r++) res[r] = _mm512_reduce_add_ps(acc[r]);
+    sum_rows(acc, R, 1.0f, res);
 }
 
 /* One tile of up to TILE output columns for all rows. */
-#define TILE_BODY(DOT_CALL, SCALE_EXPR)                                                   \
+#define TILE_BODY(DOT_CALL)                                                               \
     do {                                                                                  \
         float tmp[MAX_ROWS][TILE];                                                        \
         float res[MAX_ROWS];                                                              \
@@ -174,54 +138,52 @@ VNNI static inline __attribute__((always_inline)) void dot_int4(
             case 7: DOT_CALL(7); break;                                                   \
             default: DOT_CALL(8); break;                                                  \
             }                                                                             \
-            for (int r = 0; r < rows; r++) tmp[r][j] = res[r] * (SCALE_EXPR);             \
+            for (int r = 0; r < rows; r++) tmp[r][j] = res[r];                            \
         }                                                                                 \
         for (int r = 0; r < rows; r++) store_out(y, y_bf16, out, r, o0, tmp[r], n);       \
     } while (0)
 
 /* y[rows, out] = x[rows, in] W^T for int8 W; rows 1..8. Returns 0, 1 for no memory,
    2 for a bad shape. */
-VNNI int quant_linear_int8(const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad,
-                           const int8_t *w, const float *w_scale, int64_t out, void *y,
-                           int y_bf16, int threads) {
+int quant_linear_int8(const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad,
+                      const int8_t *w, const float *w_scale, int64_t out, void *y, int y_bf16,
+                      int threads) {
     if (rows < 1 || rows > MAX_ROWS || in_pad % 64 || in > in_pad) return 2;
-    act_t a;
-    if (act_alloc(&a, rows, in_pad)) return 1;
-    prepare(x, x_bf16, rows, in, in_pad, 128, &a);
+    float *xf = widen_rows(x, x_bf16, rows, in, in_pad);
+    if (!xf) return 1;
     int64_t tiles = (out + TILE - 1) / TILE;
-#define DOT8(R) dot_int8(w + o * in_pad, &a, in_pad, R, res)
+#define DOT8(R) dot_int8(w + o * in_pad, xf, in_pad, R, res, w_scale[o])
     /* A thread wake-up costs more than a small matrix's work. */
 #pragma omp parallel for schedule(static) num_threads(threads) if (out * in_pad >= 65536)
     for (int64_t t = 0; t < tiles; t++) {
         int64_t o0 = t * TILE;
-        TILE_BODY(DOT8, w_scale[o]);
+        TILE_BODY(DOT8);
     }
 #undef DOT8
-    free(a.q);
+    free(xf);
     return 0;
 }
 
 /* The same for int4 W (packed nibbles, bf16 group scales). */
-VNNI int quant_linear_int4(const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad,
-                           const uint8_t *w, const uint16_t *w_scale, int64_t out, void *y,
-                           int y_bf16, int threads) {
+int quant_linear_int4(const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad,
+                      const uint8_t *w, const uint16_t *w_scale, int64_t out, void *y,
+                      int y_bf16, int threads) {
     if (rows < 1 || rows > MAX_ROWS || in_pad % 64 || in > in_pad) return 2;
-    act_t a;
-    if (act_alloc(&a, rows, in_pad)) return 1;
-    prepare(x, x_bf16, rows, in, in_pad, 8, &a);
+    float *xf = widen_rows(x, x_bf16, rows, in, in_pad);
+    if (!xf) return 1;
     int64_t tiles = (out + TILE - 1) / TILE;
-#define DOT4(R) dot_int4(w + o * in_pad / 2, w_scale + o * in_pad / 32, &a, in_pad, R, res)
+#define DOT4(R) dot_int4(w + o * in_pad / 2, w_scale + o * in_pad / 32, xf, in_pad, R, res)
 #pragma omp parallel for schedule(static) num_threads(threads) if (out * in_pad >= 65536)
     for (int64_t t = 0; t < tiles; t++) {
         int64_t o0 = t * TILE;
-        TILE_BODY(DOT4, 1.0f);
+        TILE_BODY(DOT4);
     }
 #undef DOT4
-    free(a.q);
+    free(xf);
     return 0;
 }
 
-VNNI static inline void store_row(void *dst, int bf16, int64_t i, __m512 v, __mmask16 m) {
+static inline void store_row(void *dst, int bf16, int64_t i, __m512 v, __mmask16 m) {
     if (bf16) {
         __m256bh h = _mm512_cvtneps_pbh(v);
         _mm256_mask_storeu_epi16((uint16_t *)dst + i, m, (__m256i)h);
@@ -231,7 +193,7 @@ VNNI static inline void store_row(void *dst, int bf16, int64_t i, __m512 v, __mm
 }
 
 /* W as bf16 or fp32 [out, in] (the padding dropped), for many-row matmuls. */
-VNNI void dequant_int8(const int8_t *w, const float *w_scale, int64_t out, int64_t in,
+void dequant_int8(const int8_t *w, const float *w_scale, int64_t out, int64_t in,
                        int64_t in_pad, void *dst, int bf16, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (out * in >= 65536)
     for (int64_t o = 0; o < out; o++) {
@@ -245,7 +207,7 @@ VNNI void dequant_int8(const int8_t *w, const float *w_scale, int64_t out, int64
     }
 }
 
-VNNI void dequant_int4(const uint8_t *w, const uint16_t *w_scale, int64_t out, int64_t in,
+void dequant_int4(const uint8_t *w, const uint16_t *w_scale, int64_t out, int64_t in,
                        int64_t in_pad, void *dst, int bf16, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (out * in >= 65536)
     for (int64_t o = 0; o < out; o++) {

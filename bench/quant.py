@@ -1,0 +1,147 @@
+"""Weight-only quantization on CPU: single-stream decode of SmolLM2 with bf16, int8
+and int4 linear weights, and the per-call time of each matmul path:
+
+    python -m bench quant [--rounds 3] [--new-tokens 64] [--out bench-results/quant.json]
+
+- decode: one sequence, greedy, tokens/s after the first token; the three engines
+  take turns within each round, so host noise lands on all of them; medians over
+  rounds.
+- kernels: x [rows, in] times W [out, in] for SmolLM2's shapes (576 -> 1536,
+  1536 -> 576, and the 576 -> 49152 output head) at 1, 4 and 8 rows: the bf16 path
+  the engine takes (oneDNN with a packed weight), the int8 and int4 C kernels, and
+  dequantizing then multiplying (what more than 8 rows do); microseconds per call,
+  medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench.engine import decode_figures, greedy, run_engine
+from inference import EngineConfig, LLMEngine
+from kernels import cpu_kernels
+from kernels import quant_linear as ql
+from kernels.cpu_linear import linear, pack_weight, packed_linear
+
+WEIGHT_DTYPES = ("bf16", "int8", "int4")
+SHAPES = [(576, 1536), (1536, 576), (576, 49152)]  # (in, out)
+ROWS = (1, 4, 8)
+PROMPT = "Write a long story about a lighthouse keeper and the ships that pass."
+
+
+def per_call(fn, iters: int) -> float:
+    """Median microseconds of one call, after a warm-up."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def kernel_cases() -> dict[str, dict]:
+    """name -> {path: callable} for each shape and row count."""
+    cases = {}
+    for inp, out in SHAPES:
+        w = torch.randn(out, inp, generator=torch.Generator().manual_seed(out)) / inp**0.5
+        wb = w.bfloat16()
+        packed = pack_weight(wb, 32)
+        quantized = {kind: ql.quantize(w, kind) for kind in ql.KINDS}
+        for rows in ROWS:
+            x = torch.randn(rows, inp).bfloat16()
+            paths = {
+                "bf16": (lambda x=x, p=packed: packed_linear(x, p, None)) if packed is not None
+                else (lambda x=x, w=wb: linear(x, w)),
+            }
+            for kind, qw in quantized.items():
+                if cpu_kernels.quant_available():
+                    paths[kind] = lambda x=x, qw=qw: ql.kernel_matmul(x, qw)
+                paths[f"{kind}-dequant"] = lambda x=x, qw=qw: F.linear(
+                    x, ql.dequantize_for_matmul(qw, x.dtype))
+            cases[f"{inp}->{out} x{rows}"] = paths
+    return cases
+
+
+def decode_prompt(tokenizer) -> list[int]:
+    return tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}],
+                                         add_generation_prompt=True, return_dict=False)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench quant",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--iters", type=int, default=30, help="kernel calls timed per round")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--out", default="bench-results/quant.json")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    engines = {
+        wd: LLMEngine(EngineConfig(weight_dtype=wd, num_blocks=64, max_num_seqs=1))
+        for wd in WEIGHT_DTYPES
+    }
+    prompt = decode_prompt(engines["bf16"].tokenizer)
+    cases = kernel_cases()
+    decode: dict[str, list[float]] = {wd: [] for wd in WEIGHT_DTYPES}
+    calls: dict[str, dict[str, list[float]]] = {c: {p: [] for p in paths} for c, paths in cases.items()}
+    for r in range(args.rounds):
+        order = WEIGHT_DTYPES[r % 3:] + WEIGHT_DTYPES[: r % 3]
+        for wd in order:
+            engine = engines[wd]
+            engine.reset_prefix_cache()
+            run_engine(engine, [prompt], greedy(4))  # warm
+            engine.reset_prefix_cache()
+            run = run_engine(engine, [prompt], greedy(args.new_tokens))
+            fig = decode_figures(1, args.new_tokens, run.start, run.first_token, run.end)
+            decode[wd].append(fig["decode_tokens_per_s"])
+        for case, paths in cases.items():
+            for path, fn in paths.items():
+                calls[case][path].append(per_call(fn, args.iters))
+        print(f"round {r + 1}/{args.rounds}: decode tokens/s "
+              + ", ".join(f"{wd} {decode[wd][-1]:.1f}" for wd in WEIGHT_DTYPES), flush=True)
+
+    result = {
+        "threads": torch.get_num_threads(),
+        "rounds": args.rounds,
+        "new_tokens": args.new_tokens,
+        "prompt_tokens": len(prompt),
+        "kernels_available": cpu_kernels.quant_available(),
+        "decode_tokens_per_s": {wd: statistics.median(v) for wd, v in decode.items()},
+        "decode_tokens_per_s_rounds": decode,
+        "weight_bytes": {
+            wd: sum(
+                m.quantized.nbytes if m.quantized is not None
+                else m.in_features * m.out_features * e.runner.dtype.itemsize
+                for m in e.runner.model.linear_layers().values()
+            )
+            for wd, e in engines.items()
+        },
+        "per_call_us": {c: {p: statistics.median(v) for p, v in d.items()} for c, d in calls.items()},
+    }
+    print(f"\nsingle-stream decode, tokens/s (median of {args.rounds}, "
+          f"{result['threads']} threads, {args.new_tokens} new tokens):")
+    for wd in WEIGHT_DTYPES:
+        print(f"  {wd:5s} {result['decode_tokens_per_s'][wd]:7.1f}   "
+              f"linear weights {result['weight_bytes'][wd] / 2**20:6.1f} MiB")
+    paths = list(next(iter(cases.values())))
+    print("\nper call, microseconds (median):")
+    print(f"  {'case':20s}" + "".join(f"{p:>14s}" for p in paths))
+    for case, d in result["per_call_us"].items():
+        print(f"  {case:20s}" + "".join(f"{d[p]:14.1f}" for p in paths))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {out}")
+    return result
