@@ -104,7 +104,8 @@ class UsageSerializer(serializers.Serializer):
     cached_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
     ttft_ms = serializers.FloatField(allow_null=True)
-    prefix_cache = PrefixCacheSerializer(allow_null=True)
+    prefix_cache = PrefixCacheSerializer(required=False, help_text="The cache receipt (replies "
+                                         "generated since receipts were kept).")
 
 
 class MessageSerializer(serializers.ModelSerializer):

@@ -8,14 +8,16 @@ from chatapp.chat.models import Conversation, Message
 def usage_dict(message: Message) -> dict | None:
     if message.role != Message.Role.ASSISTANT or message.prompt_tokens is None:
         return None
-    return {
+    usage = {
         "prompt_tokens": message.prompt_tokens,
         "cached_tokens": message.cached_tokens or 0,
         "completion_tokens": message.completion_tokens or 0,
         "ttft_ms": None if message.ttft is None else round(message.ttft * 1000, 1),
-        # The cache receipt: why the prefix-cache match ended where it did.
-        "prefix_cache": message.prefix_cache,
     }
+    if message.prefix_cache:
+        # The cache receipt: why the prefix-cache match ended where it did.
+        usage["prefix_cache"] = message.prefix_cache
+    return usage
 
 
 def message_dict(message: Message) -> dict:
