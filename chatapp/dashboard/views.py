@@ -35,23 +35,9 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "title": "Prefix cache",
         "data": data,
         "profile": profile,
-        "profile_rows": _profile_rows(profile),
+        "profile_rows": profile.rows() if profile else [],
     }
     return TemplateResponse(request, "dashboard/dashboard.html", context)
-
-
-def _profile_rows(profile) -> list[dict]:
-    """Token index -> the piece of each prompt, marking rows where prompts differ."""
-    if profile is None:
-        return []
-    rows = []
-    for i in range(profile.width):
-        cells = [p[i] if i < len(p) else None for p in profile.pieces]
-        if all(c is None for c in cells):
-            break
-        differ = len({c[0] if c else None for c in cells}) > 1
-        rows.append({"index": i, "cells": cells, "differ": differ})
-    return rows
 
 
 def dashboard_data(request: HttpRequest) -> JsonResponse:

@@ -34,20 +34,13 @@ from chatapp.prompts.templating import parse_front_matter, sandbox_environment
 # keep it from meeting anything a template could do to ordinary text.
 SENTINEL = "\ue000PREFIXCHAT\ue001"
 
-# Probe conversations: a message of role r is rendered after these messages.
-_PROBES: dict[str, list[dict[str, str]]] = {
-    "user": [
-        {"role": "system", "content": "S"},
-        {"role": "user", "content": "U"},
-        {"role": "assistant", "content": "A"},
-    ],
-    "assistant": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
-    "system": [
-        {"role": "system", "content": "S"},
-        {"role": "user", "content": "U"},
-        {"role": "assistant", "content": "A"},
-    ],
-}
+# Probe conversations: a message of role r is rendered after _PROBES[r].
+_AFTER_A_REPLY = [
+    {"role": "system", "content": "S"},
+    {"role": "user", "content": "U"},
+    {"role": "assistant", "content": "A"},
+]
+_PROBES = {"user": _AFTER_A_REPLY, "assistant": _AFTER_A_REPLY[:2], "system": _AFTER_A_REPLY}
 ROLES = tuple(_PROBES)
 
 
@@ -55,6 +48,12 @@ def formats_dir(base: Path | str | None = None) -> Path:
     from chatapp.prompts.presets import templates_dir
 
     return templates_dir(base) / "formats"
+
+
+def _probe(role: str) -> list[dict[str, str]]:
+    if role not in _PROBES:
+        raise FormatError(f"role {role!r} is not supported (use one of {', '.join(ROLES)})")
+    return _PROBES[role]
 
 
 class ChatFormat:
@@ -108,9 +107,7 @@ class ChatFormat:
             raise FormatError(f"chat format {self.name!r} failed to render: {exc}") from exc
 
     def _delta(self, role: str, content: str) -> str:
-        if role not in _PROBES:
-            raise FormatError(f"role {role!r} is not supported (use one of {', '.join(ROLES)})")
-        probe = _PROBES[role]
+        probe = _probe(role)
         base = self.render(probe)
         full = self.render([*probe, {"role": role, "content": content}])
         if not full.startswith(base):
@@ -143,8 +140,7 @@ class ChatFormat:
 
     def opening_parts(self, role: str, content: str) -> tuple[str, str, str]:
         """Like turn_parts, for the message that opens a conversation (BOS included)."""
-        if role not in _PROBES:
-            raise FormatError(f"role {role!r} is not supported (use one of {', '.join(ROLES)})")
+        _probe(role)
         rendered = self.render([{"role": role, "content": content}])
         probe = self.render([{"role": role, "content": SENTINEL}])
         return self._split(rendered, probe, f"the opening {role} message's")
@@ -181,12 +177,6 @@ def get_format(name: str, *, base_dir: Path | str | None = None) -> ChatFormat:
         if fmt.name == name:
             return fmt
     raise FormatError(f"no chat format named {name!r}")
-
-
-def tokenizer_has_tokens(tokenizer, tokens: Sequence[str]) -> bool:
-    """True when every string in `tokens` is one token of the tokenizer's vocabulary."""
-    vocab = tokenizer.get_vocab()
-    return all(tok in vocab for tok in tokens)
 
 
 def format_for_tokenizer(tokenizer, *, base_dir: Path | str | None = None) -> ChatFormat:

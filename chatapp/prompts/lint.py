@@ -1,20 +1,11 @@
 """The prompt linter: proves a template renders the same tokens every time.
 
-For a preset it checks, in order:
-  - front-matter and Jinja syntax;
-  - static causes of instability: a clock, a random value, a request-specific value,
-    an unknown variable, a reach into private attributes (sandbox escape);
-  - that it renders in the production sandbox;
-  - two renders under different clocks, random choices and request ids give the
-    same token ids (the proof the static checks are not fooled);
-  - the system segment's length and padding to whole KV blocks;
-  - a replayed multi-turn conversation: every turn's prompt is a prefix of the next;
-  - for shipped presets: that the current version is in the version registry.
-For a chat format it checks syntax, static names, the double render, and that it
-does not rewrite history: rendering turn N+1's conversation must extend turn N's
-prompt, and rendering a whole conversation must equal rendering message by message
-(what the prompt builder does).
-
+A preset gets the static checks, two renders under different clocks, random values and
+request ids, its system segment's padding, a replayed conversation in which every
+prompt must extend the last, and (shipped presets) a check that its version is frozen.
+A chat format gets the static checks and the double render, and must not rewrite
+history: turn N+1's prompt extends turn N's prompt and reply, and rendering message by
+message (what the prompt builder does) equals rendering the whole conversation.
 Every problem names the template and, for divergences, the first token that differs.
 """
 
@@ -25,7 +16,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jinja2 import StrictUndefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from chatapp.prompts.compare import describe_divergence, first_divergence
@@ -42,6 +32,7 @@ from chatapp.prompts.templating import (
     parse_front_matter,
     sandbox_environment,
     static_problems,
+    unstable_category,
 )
 
 # The replayed conversation: ordinary text, whitespace at the edges, a reasoning
@@ -107,7 +98,9 @@ def _shown(path: Path) -> Path:
 
 class _Varying(str):
     """A value that differs between the two lint renders and survives common uses:
-    `{{ now }}`, `{{ now() }}`, `{{ datetime.now().strftime('%Y') }}`, `{{ uuid4().hex }}`."""
+    `{{ now }}`, `{{ now() }}`, `{{ datetime.now().strftime('%Y') }}`, `{{ uuid4().hex }}`.
+    Only these names pass: any other would answer the sandbox's own checks
+    (`unsafe_callable`, `alters_data`) and make every value uncallable."""
 
     _PASS_THROUGH = frozenset(
         {
@@ -144,18 +137,16 @@ class _Varying(str):
         raise AttributeError(name)
 
 
+def _varying_value(name: str, run: int) -> _Varying | None:
+    category = unstable_category(name)
+    return _Varying(_RUNS[run][category]) if category else None
+
+
 def _hostile_environment(run: int, kind: str) -> ImmutableSandboxedEnvironment:
-    values = _RUNS[run]
-    env = ImmutableSandboxedEnvironment(
-        undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, autoescape=False
-    )
-    for names, key in (
-        (CLOCK_NAMES, "clock"),
-        (RANDOM_NAMES, "random"),
-        (REQUEST_NAMES, "request"),
-    ):
-        for name in names:
-            env.globals[name] = _Varying(values[key])
+    """The production sandbox with every unstable name defined, differently per run."""
+    env = sandbox_environment(kind)
+    for name in CLOCK_NAMES | RANDOM_NAMES | REQUEST_NAMES:
+        env.globals[name] = _varying_value(name, run)
     rng = random.Random(run)
     env.globals["lipsum"] = lambda *a, **k: " ".join(
         rng.choice(["lorem", "ipsum", "dolor"]) for _ in range(8)
@@ -169,22 +160,8 @@ def _hostile_environment(run: int, kind: str) -> ImmutableSandboxedEnvironment:
     env.filters["random"] = pick
     env.filters["shuffle"] = lambda seq: list(reversed(list(seq))) if run else list(seq)
     for name in ("strftime", "date", "datetimeformat", "time"):
-        env.filters[name] = lambda *a, **k: _Varying(values["clock"])
-    if kind == "format":
-        env.globals["raise_exception"] = sandbox_environment("format").globals["raise_exception"]
+        env.filters[name] = lambda *a, **k: _Varying(_RUNS[run]["clock"])
     return env
-
-
-def _varying_value(name: str, run: int) -> object | None:
-    lowered = name.lower()
-    for names, key in (
-        (CLOCK_NAMES, "clock"),
-        (RANDOM_NAMES, "random"),
-        (REQUEST_NAMES, "request"),
-    ):
-        if lowered in names:
-            return _Varying(_RUNS[run][key])
-    return None
 
 
 # -- presets ---------------------------------------------------------------------------

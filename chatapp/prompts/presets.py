@@ -1,31 +1,13 @@
 """System-prompt presets: versioned Jinja2 files in templates/prompts/presets/.
 
-A preset is `presets/<id>.jinja`: TOML front-matter in a leading Jinja comment,
-then the system prompt::
-
-    {#- preset
-    title = "Support agent"
-    description = "Answers questions about one product."
-    version = "1"                      # optional, shown in the version string
-    order = 2                          # optional, position in list_presets()
-    [variables]
-    product_name = { default = "PrefixChat", description = "The product supported" }
-    -#}
-    You are the support agent for {{ product_name }}.
-
-Versions. A preset's version is derived from its content: `<declared>-<sha>` (or
-just `<sha>`), where sha is the first 12 hex digits of the sha256 of the file.
-Any change to the file is a new version. A conversation stores the version it
-started with, and that version must stay resolvable after the file changes, so
-activated versions are copied, byte for byte, into the version registry
-`versions/<id>/<version>.jinja` (committed with the code, no database needed).
-`manage.py prompts freeze` copies the current version there, and only after it
-passes lint; `prompts lint` fails while a shipped preset's current version is not
-in the registry. `get_preset(id)` gives the current file's version;
-`get_preset(id, version)` finds old versions in the registry.
-
-A preset that fails validation (syntax error, unknown variable, unstable name,
-sandbox violation) raises PresetInvalid: it cannot be used or frozen.
+A preset is `presets/<id>.jinja`: TOML front-matter in a leading Jinja comment (title,
+description, optional `version` and `order`, `[variables]` with defaults), then the
+system prompt. Its version is `<declared>-<sha>` (or just `<sha>`), sha being the first
+12 hex digits of the file's sha256, so any change is a new version. A conversation keeps
+the version it started with, so versions are frozen, byte for byte, into the registry
+`versions/<id>/<version>.jinja` (committed with the code, no database needed) and
+`get_preset(id, version)` finds them there after the file changes. A preset that fails
+validation raises PresetInvalid: it cannot be used or frozen.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from chatapp.prompts.compare import first_divergence
+from chatapp.prompts.compare import first_divergence, piece
 
 RING_SIZE = 64
 KEEP_TOKENS = 2048  # enough to find where long prompts diverge; bounds memory
@@ -132,6 +132,19 @@ class ProfileReport:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def rows(self, columns: Sequence[int] | None = None) -> list[dict]:
+        """Token index -> the (id, piece) of each prompt in `columns` (default: all), and
+        whether they differ there; up to the longest prompt shown."""
+        shown = range(len(self.pieces)) if columns is None else columns
+        rows = []
+        for i in range(self.width):
+            cells = [self.pieces[c][i] if i < len(self.pieces[c]) else None for c in shown]
+            if all(c is None for c in cells):
+                break
+            differ = len({c[0] if c else None for c in cells}) > 1
+            rows.append({"index": i, "cells": cells, "differ": differ})
+        return rows
+
     def render_text(self, max_columns: int = 6) -> str:
         return format_profile(self, max_columns=max_columns)
 
@@ -140,16 +153,6 @@ def _visible(tokenizer, ids: Sequence[int]) -> str:
     """What a person sees: no special tokens, no zero-width or other format characters."""
     text = tokenizer.decode(list(ids), skip_special_tokens=True)
     return "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
-
-
-def _token_text(pieces: list[tuple[int, str]], ids: Sequence[int], i: int | None, tokenizer) -> str:
-    if i is None:
-        return ""
-    if i < len(pieces):
-        return f"{pieces[i][1]!r} (id {pieces[i][0]})"
-    if i < len(ids):
-        return f"{tokenizer.decode([ids[i]])!r} (id {ids[i]})"
-    return "(end)"
 
 
 def _lcp(seqs: list[Sequence[int]]) -> int:
@@ -187,14 +190,9 @@ def profile_prompts(
     def divergence(a: int, b: int, look_alike: bool) -> Divergence:
         ia, ib = items[a].token_ids, items[b].token_ids
         idx = first_divergence(ia, ib)
-        return Divergence(
-            a,
-            b,
-            idx,
-            look_alike,
-            _token_text(pieces[a], ia, idx, tokenizer),
-            _token_text(pieces[b], ib, idx, tokenizer),
-        )
+        if idx is None:
+            return Divergence(a, b, idx, look_alike, "", "")
+        return Divergence(a, b, idx, look_alike, piece(tokenizer, ia, idx), piece(tokenizer, ib, idx))
 
     visible = [_visible(tokenizer, p.token_ids[:width]) for p in items]
 
@@ -253,10 +251,8 @@ def format_profile(report: ProfileReport, max_columns: int = 6) -> str:
     size = 22
     lines.append("side by side (id and piece; * marks rows that differ):")
     lines.append(("  idx  " + " | ".join(f"#{i + 1}".ljust(size) for i in shown)).rstrip())
-    for row in range(report.width):
-        cells = [report.pieces[i][row] if row < len(report.pieces[i]) else None for i in shown]
-        if all(c is None for c in cells):
-            break
-        mark = "*" if len({c[0] if c else None for c in cells}) > 1 else " "
-        lines.append((f"{mark}{row:4d}  " + " | ".join(_cell(c, size) for c in cells)).rstrip())
+    for row in report.rows(shown):
+        mark = "*" if row["differ"] else " "
+        cells = " | ".join(_cell(c, size) for c in row["cells"])
+        lines.append(f"{mark}{row['index']:4d}  {cells}".rstrip())
     return "\n".join(lines)

@@ -63,9 +63,7 @@ def check_user_text(text: object, max_chars: int | None = None) -> str:
         raise EmptyMessage("a message must be text")
     if not text.strip():
         raise EmptyMessage("the message is empty")
-    limit = max_chars if max_chars is not None else int(
-        _setting("MAX_USER_MESSAGE_CHARS", DEFAULT_MAX_USER_CHARS)
-    )
+    limit = _max_user_chars(max_chars)
     if len(text) > limit:
         raise MessageTooLong(f"the message has {len(text)} characters; the limit is {limit}")
     return check_text(text, "the message")
@@ -86,6 +84,12 @@ def _setting(name: str, default):
     except ImportError:
         pass
     return default
+
+
+def _max_user_chars(given: int | None) -> int:
+    if given is not None:
+        return int(given)
+    return int(_setting("MAX_USER_MESSAGE_CHARS", DEFAULT_MAX_USER_CHARS))
 
 
 def default_block_size() -> int:
@@ -236,11 +240,7 @@ class PromptBuilder:
         self.block_size = int(block_size if block_size is not None else default_block_size())
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
-        self.max_user_chars = int(
-            max_user_chars
-            if max_user_chars is not None
-            else _setting("MAX_USER_MESSAGE_CHARS", DEFAULT_MAX_USER_CHARS)
-        )
+        self.max_user_chars = _max_user_chars(max_user_chars)
         self.max_model_len = max_model_len
         self.encoder = TokenEncoder(tokenizer)
         self._vocab_size = len(tokenizer)
@@ -310,12 +310,11 @@ class PromptBuilder:
         """The whole user turn, end of turn included. `opening`: it starts the conversation
         (no system prompt), so formats that open with BOS get it here."""
         check_user_text(text, self.max_user_chars)
-        parts = (
-            self.chat_format.opening_parts("user", text)
-            if opening
-            else self.chat_format.turn_parts("user", text)
-        )
-        return self.encoder.parts(*parts)
+        return self._turn(role="user", text=text, opening=opening)
+
+    def _turn(self, *, role: str, text: str, opening: bool) -> list[int]:
+        fmt = self.chat_format
+        return self.encoder.parts(*(fmt.opening_parts if opening else fmt.turn_parts)(role, text))
 
     def generation_prompt(self) -> list[int]:
         return list(self._generation_prompt)
@@ -462,13 +461,7 @@ class PromptBuilder:
             elif role == "assistant":
                 seg = self._assistant_from_api(text, assistant_ids_lookup, opening)
             else:
-                seg = self.encoder.parts(
-                    *(
-                        self.chat_format.opening_parts(role, text)
-                        if opening
-                        else self.chat_format.turn_parts(role, text)
-                    )
-                )
+                seg = self._turn(role=role, text=text, opening=opening)
             last = i == len(msgs) - 1
             if last and role == "user":
                 new_user = seg
@@ -493,7 +486,7 @@ class PromptBuilder:
                 ends = bool(self.stop_token_ids) and bool(ids) and ids[-1] == self.stop_token_ids[0]
                 return self.assistant_segment(ids, finished_with_eos=ends)
         if opening:
-            return self.encoder.parts(*self.chat_format.opening_parts("assistant", text))
+            return self._turn(role="assistant", text=text, opening=True)
         return self.assistant_segment_from_text(text)
 
     def _plan(

@@ -150,7 +150,8 @@ def describe_jinja_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _category(name: str) -> str | None:
+def unstable_category(name: str) -> str | None:
+    """The cause of instability `name` carries ("clock", "random", "request"), or None."""
     lowered = name.lower()
     if lowered in CLOCK_NAMES:
         return "clock"
@@ -196,13 +197,13 @@ def static_problems(
             problems.append(Problem(code, message, line))
 
     for node in ast.find_all(nodes.Name):
-        if cat := _category(node.name):
+        if cat := unstable_category(node.name):
             add(cat, _CATEGORY_TEXT[cat].format(what=f"'{node.name}'"), node.lineno, node.name)
     for name in declared:
-        if cat := _category(name):
+        if cat := unstable_category(name):
             add(cat, _CATEGORY_TEXT[cat].format(what=f"variable '{name}'"), None, name)
     for node in ast.find_all(nodes.Filter):
-        if cat := _category(node.name):
+        if cat := unstable_category(node.name):
             add(
                 cat,
                 _CATEGORY_TEXT[cat].format(what=f"filter '{node.name}'"),
@@ -228,7 +229,7 @@ def static_problems(
         undeclared = set()
         add("template", describe_jinja_error(exc), exc.lineno, "compile")
     for name in sorted(undeclared - allowed):
-        if _category(name):
+        if unstable_category(name):
             continue  # already reported under its cause
         line = next((n.lineno for n in ast.find_all(nodes.Name) if n.name == name), None)
         hint = (
