@@ -3,13 +3,17 @@ pool and the host tier under it (offload on eviction, restore on lookup)."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import hypothesis.strategies as st
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from inference.kv_cache_manager import KVCacheManager
-from inference.kv_offload import KVTier, attach_tier, prewarm
+from inference.kv_offload import DiskStore, KVTier, attach_tier, prewarm
 from inference.sampling_params import SamplingParams
 from inference.sequence import Sequence
 
@@ -27,12 +31,15 @@ class BlockPoolMachine(RuleBasedStateMachine):
         # The KV cache as the model would have written it: K = token id, V = token id
         # + 100, -1 where nothing was written. The tier copies these values out and back.
         self.cache = torch.full((2, 1, NUM_BLOCKS, BS, 1, 1), -1.0)
-        self.tier = KVTier(self.cache, TIER_BLOCKS * self.cache[:, :, 0].numel() * 4)
+        self.tier = self.make_tier()
         attach_tier(self.kv, self.tier)
         self.live: list[Sequence] = []
         # The tokens each computed block hash names.
         self.known: dict[bytes, list[int]] = {}
         self.next_id = 0
+
+    def make_tier(self) -> KVTier:
+        return KVTier(self.cache, TIER_BLOCKS * self.cache[:, :, 0].numel() * 4)
 
     def slots(self, b: int) -> list[int | None]:
         k, v = self.cache[0, 0, b, :, 0, 0].tolist(), self.cache[1, 0, b, :, 0, 0].tolist()
@@ -206,3 +213,44 @@ BlockPoolMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestBlockPool = BlockPoolMachine.TestCase
+
+
+class BlockPoolDiskMachine(BlockPoolMachine):
+    """The same, over a tier of 1 block in memory and about 6 on disk."""
+
+    def make_tier(self) -> KVTier:
+        self.dir = tempfile.mkdtemp(prefix="kv-tier-")
+        block = self.cache[:, :, 0].numel() * 4
+        return KVTier(self.cache, block, self.dir, 6 * (block + 300), model_id="m")
+
+    def teardown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @rule()
+    def memory_lets_go(self):
+        """Host memory drops its copies (they stay on disk): later restores read files."""
+        self.tier.memory.clear()
+
+    @invariant()
+    def tier_holds_what_was_evicted(self):
+        disk = self.tier.disk
+        assert len(self.tier.memory) <= 1
+        assert disk.bytes <= disk.max_bytes
+        files = {p.name: p.stat().st_size for p in Path(self.dir).glob("*.kv")}
+        assert files == {h.hex() + ".kv": size for h, size in disk.index.items()}
+        for h in disk.index:  # read here without touching the store's LRU order
+            path = Path(self.dir) / (h.hex() + ".kv")
+            header, offset = DiskStore._read_header(path)
+            data = torch.frombuffer(bytearray(path.read_bytes()[offset:]), dtype=torch.float32)
+            data = data.reshape(self.tier.block_shape)
+            assert header["hash"] == h.hex() and header["model_id"] == "m"
+            tokens = self.known[h]
+            assert data[0, 0, :, 0, 0].tolist() == tokens
+            assert data[1, 0, :, 0, 0].tolist() == [t + 100 for t in tokens]
+
+
+BlockPoolDiskMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestBlockPoolOverDisk = BlockPoolDiskMachine.TestCase

@@ -131,6 +131,21 @@ def test_a_restarted_engine_on_the_same_kv_dir_hits(tiered, tmp_path):
     assert len(list(tmp_path.glob("*" + SUFFIX))) >= 5
     del first
     second = tiered(kv_offload_bytes=0, kv_dir=str(tmp_path))
+    # What the restarted engine reads back gives the same logits as computing afresh.
+    ids = prompt + rand_ids(10, 12)
+    cached, restored = logits_after_cache(second, ids)
+    assert cached == 80
+    _, ref = logits_after_cache(tiered(enable_prefix_caching=False), ids)
+    assert (restored - ref[cached:]).abs().max().item() <= 1e-5
+    out = run(second, prompt + [6])
+    assert out.cached_tokens == 80
+    assert out.prefix_cache.tier_tokens == 0  # restored above, by the logits check
+    second.reset_prefix_cache()
+    assert not list(tmp_path.glob("*" + SUFFIX))  # reset forgets the disk too
+    second = tiered(kv_offload_bytes=0, kv_dir=str(tmp_path))
+    run(second, prompt + [5])
+    second.close()
+    second = tiered(kv_offload_bytes=0, kv_dir=str(tmp_path))
     out = run(second, prompt + [6])
     assert out.cached_tokens == 80
     assert out.prefix_cache.tier_tokens == 80
