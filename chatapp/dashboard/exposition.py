@@ -46,16 +46,12 @@ class EngineCollector:
 
     def collect(self):
         reports = [(r.engine_id, r.snapshot) for r in engine_reports() if not r.stale]
-        for name, key, doc in COUNTERS:
-            family = CounterMetricFamily(P + name, doc, labels=["engine"])
-            for engine_id, snap in reports:
-                family.add_metric([engine_id], snap.get(key, 0) or 0)
-            yield family
-        for name, key, doc in GAUGES:
-            family = GaugeMetricFamily(P + name, doc, labels=["engine"])
-            for engine_id, snap in reports:
-                family.add_metric([engine_id], snap.get(key, 0) or 0)
-            yield family
+        for kind, metrics in ((CounterMetricFamily, COUNTERS), (GaugeMetricFamily, GAUGES)):
+            for name, key, doc in metrics:
+                family = kind(P + name, doc, labels=["engine"])
+                for engine_id, snap in reports:
+                    family.add_metric([engine_id], snap.get(key, 0) or 0)
+                yield family
         blocks = GaugeMetricFamily(P + "kv_cache_blocks", "KV blocks by state.",
                                    labels=["engine", "state"])
         for engine_id, snap in reports:

@@ -23,6 +23,11 @@ from chatapp.dashboard.models import EngineSample, EngineStatus
 
 log = logging.getLogger(__name__)
 
+# The snapshot's counters a history sample keeps, under the same names.
+SAMPLED = ("prefix_cache_queries", "prefix_cache_hits", "blocks_total", "blocks_used",
+           "blocks_cached_free", "blocks_free", "evictions", "preemptions", "num_running",
+           "num_waiting")
+
 
 def snapshot_record(*, snapshot: dict, now=None) -> EngineStatus:
     """Store an engine's snapshot: replace its status row, add one history sample."""
@@ -38,16 +43,7 @@ def snapshot_record(*, snapshot: dict, now=None) -> EngineStatus:
         EngineSample.objects.create(
             engine_id=engine_id,
             taken_at=now,
-            prefix_cache_queries=snapshot.get("prefix_cache_queries", 0),
-            prefix_cache_hits=snapshot.get("prefix_cache_hits", 0),
-            blocks_total=snapshot.get("blocks_total", 0),
-            blocks_used=snapshot.get("blocks_used", 0),
-            blocks_cached_free=snapshot.get("blocks_cached_free", 0),
-            blocks_free=snapshot.get("blocks_free", 0),
-            evictions=snapshot.get("evictions", 0),
-            preemptions=snapshot.get("preemptions", 0),
-            num_running=snapshot.get("num_running", 0),
-            num_waiting=snapshot.get("num_waiting", 0),
+            **{name: snapshot.get(name, 0) for name in SAMPLED},
             ttft_buckets=list(ttft.get("buckets") or []),
             ttft_counts=list(ttft.get("cumulative_counts") or []),
         )

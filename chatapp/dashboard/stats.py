@@ -58,9 +58,8 @@ def is_hit(request: dict) -> bool:
     return (request.get("cached_tokens") or 0) > 0
 
 
-def recent_hit_rate(recent: Sequence[dict], n: int) -> dict:
-    """Token hit rate over the last n finished requests."""
-    window = list(recent)[-n:] if n > 0 else []
+def recent_hit_rate(window: Sequence[dict]) -> dict:
+    """Token hit rate over these finished requests."""
     prompt = sum(r.get("prompt_tokens") or 0 for r in window)
     cached = sum(r.get("cached_tokens") or 0 for r in window)
     return {"requests": len(window), "prompt_tokens": prompt, "cached_tokens": cached,
@@ -80,37 +79,32 @@ def ttft_split(recent: Iterable[dict]) -> dict:
     }
 
 
-def engine_figures(snapshot: dict, recent_n: int) -> dict:
-    """The dashboard's figures for one engine snapshot."""
-    recent = list(snapshot.get("recent_requests") or [])
-    figures = {key: snapshot.get(key, 0) or 0 for key in SUMMED}
+def _last(snapshot: dict, n: int) -> list[dict]:
+    return list(snapshot.get("recent_requests") or [])[-n:] if n > 0 else []
+
+
+def _figures(snapshots: Sequence[dict], window: list[dict], ttft_of: list[dict],
+             **identity) -> dict:
+    figures = {key: sum(s.get(key, 0) or 0 for s in snapshots) for key in SUMMED}
     figures.update(
-        engine_id=snapshot.get("engine_id", ""),
-        model=snapshot.get("model", ""),
-        block_size=snapshot.get("block_size"),
+        identity,
         hit_rate=ratio(figures["prefix_cache_hits"], figures["prefix_cache_queries"]),
         kv_cache_usage=ratio(figures["blocks_used"], figures["blocks_total"]),
-        recent=recent_hit_rate(recent, recent_n),
-        ttft=ttft_split(recent),
+        recent=recent_hit_rate(window),
+        ttft=ttft_split(ttft_of),
     )
     return figures
+
+
+def engine_figures(snapshot: dict, recent_n: int) -> dict:
+    """The dashboard's figures for one engine snapshot (TTFT over all its recent requests)."""
+    return _figures([snapshot], _last(snapshot, recent_n), snapshot.get("recent_requests") or [],
+                    engine_id=snapshot.get("engine_id", ""), model=snapshot.get("model", ""),
+                    block_size=snapshot.get("block_size"))
 
 
 def total_figures(snapshots: Sequence[dict], recent_n: int) -> dict:
     """Figures summed over engines; rates are recomputed from the summed tokens."""
-    figures = {key: sum(s.get(key, 0) or 0 for s in snapshots) for key in SUMMED}
     # Each engine's own last n: there is no common clock to merge them by.
-    recent = [r for s in snapshots for r in list(s.get("recent_requests") or [])[-recent_n:]]
-    prompt = sum(r.get("prompt_tokens") or 0 for r in recent)
-    cached = sum(r.get("cached_tokens") or 0 for r in recent)
-    figures.update(
-        engine_id="total",
-        model="",
-        block_size=None,
-        hit_rate=ratio(figures["prefix_cache_hits"], figures["prefix_cache_queries"]),
-        kv_cache_usage=ratio(figures["blocks_used"], figures["blocks_total"]),
-        recent={"requests": len(recent), "prompt_tokens": prompt, "cached_tokens": cached,
-                "hit_rate": ratio(cached, prompt)},
-        ttft=ttft_split(recent),
-    )
-    return figures
+    recent = [r for s in snapshots for r in _last(s, recent_n)]
+    return _figures(snapshots, recent, recent, engine_id="total", model="", block_size=None)

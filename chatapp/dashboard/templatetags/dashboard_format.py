@@ -9,18 +9,18 @@ register = template.Library()
 NONE = "—"
 
 
+def _missing(value) -> bool:
+    return value is None or value == ""
+
+
 @register.filter
 def pct(value) -> str:
-    if value is None or value == "":
-        return NONE
-    return f"{float(value) * 100:.1f}%"
+    return NONE if _missing(value) else f"{float(value) * 100:.1f}%"
 
 
 @register.filter
 def ms(value) -> str:
-    if value is None or value == "":
-        return NONE
-    return f"{float(value) * 1000:.0f} ms"
+    return NONE if _missing(value) else f"{float(value) * 1000:.0f} ms"
 
 
 @register.filter
@@ -34,4 +34,4 @@ def share(part, whole) -> str:
 
 @register.filter
 def dash(value):
-    return NONE if value is None or value == "" else value
+    return NONE if _missing(value) else value
