@@ -76,23 +76,31 @@ class DiskStore:
                 st = path.stat()
                 header, offset = self._read_header(path)
             except (OSError, ValueError) as exc:
-                self._skip(path, f"unreadable ({exc})")
+                self._skip(path, f"unreadable ({exc})", scanning=True)
                 continue
             problem = self._foreign(header, block_hash)
-            if problem is None and st.st_size != offset + header.get("payload_bytes", -1):
+            size = header.get("payload_bytes")
+            if problem is None and (not isinstance(size, int) or st.st_size != offset + size):
                 problem = "truncated"
             if problem:
-                self._skip(path, problem)
+                self._skip(path, problem, scanning=True)
                 continue
             found.append((st.st_mtime, block_hash, st.st_size))
+        if self.skipped > self.MAX_WARNINGS:
+            log.warning("KV tier: skipped %d files in %s in all (another model, dtype or "
+                        "layout, or damaged); none was loaded", self.skipped, self.root)
         for _, block_hash, size in sorted(found):
             self.index[block_hash] = size
             self.bytes += size
         self._shrink()
 
-    def _skip(self, path: Path, why: str) -> None:
+    # A scan names this many skipped files in the log and sums up the rest.
+    MAX_WARNINGS = 10
+
+    def _skip(self, path: Path, why: str, scanning: bool = False) -> None:
         self.skipped += 1
-        log.warning("KV tier: skipping %s: %s", path, why)
+        if not scanning or self.skipped <= self.MAX_WARNINGS:
+            log.warning("KV tier: skipping %s: %s", path, why)
 
     @staticmethod
     def _read_header(path: Path) -> tuple[dict, int]:
