@@ -164,3 +164,17 @@ def test_kernel_refuses_bad_inputs(kind):
         ql.kernel_matmul(torch.randn(2, 300), ql.QuantizedWeight(kind, qw.data, qw.scale, 300))
     with pytest.raises(ValueError):
         cpu_kernels.dequantize(kind, qw.data, qw.scale, 100, torch.float16)
+
+
+@pytest.mark.parametrize("kind", ql.KINDS)
+@pytest.mark.parametrize("rows", [1, 9])
+def test_torch_fallback_where_the_kernels_do_not_run(kind, rows, monkeypatch):
+    """No AVX512-BF16, no compiler (or CUDA): torch dequantizes and multiplies."""
+    monkeypatch.setattr(cpu_kernels, "quant_available", lambda: False)
+    monkeypatch.setattr(cpu_kernels, "quant_linear", None)  # never reached
+    monkeypatch.setattr(cpu_kernels, "dequantize", None)
+    qw = ql.quantize(weight(100, 17), kind)
+    x = torch.randn(rows, 17)
+    assert not ql.runs_kernel(x, qw)
+    check_close(ql.quant_linear(x, qw), x, ql.dequantize(qw))
+    check_close(ql.quant_linear(x.bfloat16(), qw), x.bfloat16(), ql.dequantize(qw))
