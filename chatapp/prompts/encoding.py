@@ -32,11 +32,10 @@ class TokenEncoder:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         added = [tok.content for tok in tokenizer.added_tokens_decoder.values()]
-        # Longest first, so a token that contains another is matched whole.
-        self._added_re = (
-            re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)))
-            if added
-            else None
+        # Longest first, so a token that contains another is matched whole; with no added
+        # tokens, a pattern that never matches.
+        self._added_re = re.compile(
+            "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) or "(?!)"
         )
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
 
@@ -68,28 +67,15 @@ class TokenEncoder:
             pieces = [piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
         return [tok.id for piece in pieces for tok in backend.model.tokenize(piece)]
 
-    def _last_special_end(self, text: str) -> int:
-        if self._added_re is None:
-            return 0
-        end = 0
-        for match in self._added_re.finditer(text):
-            end = match.end()
-        return end
-
-    def _first_special_start(self, text: str) -> int:
-        if self._added_re is None:
-            return len(text)
-        match = self._added_re.search(text)
-        return match.start() if match else len(text)
-
     def parts(self, before: str, content: str, after: str) -> list[int]:
         """Ids of before + content + after, where only before/after may hold special tokens.
 
         The plain text on either side of the content (e.g. "user\\n" after
         "<|im_start|>") is encoded together with it, as the tokenizer would.
         """
-        cut_before = self._last_special_end(before)
-        cut_after = self._first_special_start(after)
+        cut_before = max((m.end() for m in self._added_re.finditer(before)), default=0)
+        first = self._added_re.search(after)
+        cut_after = first.start() if first else len(after)
         return (
             self.trusted(before[:cut_before])
             + self.untrusted(before[cut_before:] + content + after[:cut_after])

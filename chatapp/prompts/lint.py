@@ -12,7 +12,7 @@ Every problem names the template and, for divergences, the first token that diff
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,31 +102,9 @@ class _Varying(str):
     Only these names pass: any other would answer the sandbox's own checks
     (`unsafe_callable`, `alters_data`) and make every value uncallable."""
 
-    _PASS_THROUGH = frozenset(
-        {
-            "now",
-            "utcnow",
-            "today",
-            "strftime",
-            "isoformat",
-            "timestamp",
-            "date",
-            "time",
-            "year",
-            "month",
-            "day",
-            "hour",
-            "minute",
-            "second",
-            "hex",
-            "uuid4",
-            "random",
-            "randint",
-            "choice",
-            "id",
-            "value",
-        }
-    )
+    _PASS_THROUGH = CLOCK_NAMES | RANDOM_NAMES | {
+        "isoformat", "year", "month", "day", "hour", "minute", "second", "hex", "id", "value"
+    }
 
     def __call__(self, *args, **kwargs) -> _Varying:
         return self
@@ -179,18 +157,19 @@ def _preset_values(meta: dict, run: int) -> dict[str, object]:
     return values
 
 
+def _two_renders(source: str, kind: str, values: Callable[[int], dict]) -> list[str]:
+    """The template rendered in the hostile environment of each run (may raise anything)."""
+    return [
+        _hostile_environment(run, kind).from_string(source).render(**values(run)) for run in (0, 1)
+    ]
+
+
 def _check_preset_stability(source: str, meta: dict, builder, result: LintResult) -> None:
-    renders: list[list[int]] = []
-    for run in (0, 1):
-        try:
-            text = (
-                _hostile_environment(run, "preset")
-                .from_string(source)
-                .render(**_preset_values(meta, run))
-            )
-        except Exception:  # whatever it is, the production render below reports it
-            return
-        renders.append(builder.system_segment_for_text(text.strip()))
+    try:
+        texts = _two_renders(source, "preset", lambda run: _preset_values(meta, run))
+    except Exception:  # whatever it is, the production render below reports it
+        return
+    renders = [builder.system_segment_for_text(text.strip()) for text in texts]
     if renders[0] != renders[1]:
         result.problems.append(
             Problem(
@@ -340,23 +319,17 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
     conversations = _replay_messages(len(REPLAY_USERS))
 
     # Stability: the same conversation under two clocks/seeds/request ids.
-    renders = []
-    for run in (0, 1):
-        try:
-            template = _hostile_environment(run, "format").from_string(source)
-            renders.append(
-                template.render(
-                    messages=conversations[-1],
-                    add_generation_prompt=True,
-                    bos_token=fmt.bos_token,
-                    eos_token=fmt.stop_token,
-                )
-            )
-        except Exception as exc:  # a template may raise anything; lint reports, never crashes
-            result.problems.append(
-                Problem("render", f"fails to render: {describe_jinja_error(exc)}")
-            )
-            return result
+    values = dict(
+        messages=conversations[-1],
+        add_generation_prompt=True,
+        bos_token=fmt.bos_token,
+        eos_token=fmt.stop_token,
+    )
+    try:
+        renders = _two_renders(source, "format", lambda run: values)
+    except Exception as exc:  # a template may raise anything; lint reports, never crashes
+        result.problems.append(Problem("render", f"fails to render: {describe_jinja_error(exc)}"))
+        return result
     if renders[0] != renders[1]:
         result.problems.append(
             Problem(

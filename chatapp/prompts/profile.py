@@ -1,14 +1,9 @@
 """The prompt profile: recent prompts side by side, grouped by shared prefix.
 
-Two prompts that look the same can still differ in their ids (a hidden token, a
-reply re-encoded differently) and then the prefix cache misses from that token
-on. The profile shows the first tokens of prompts as ids and decoded pieces, groups
-prompts that share their first KV block, and says where prompts that look alike
-(or share a group) diverge.
-
-Prompts come from a bounded in-process ring buffer the chat service feeds with
-record_prompt(plan), or are given explicitly (a JSONL file of id lists, for the
-command line and tests).
+Two prompts that look the same can still differ in their ids (a hidden token, a reply
+re-encoded differently), and the prefix cache misses from that token on: the profile
+shows where. Prompts come from an in-process ring buffer the chat service feeds with
+record_prompt(plan), or from a JSONL file of id lists.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ __all__ = [
     "cache_salt_for",
     "check_user_text",
     "default_block_size",
+    "normalise_message",
     "prefix_hash",
 ]
 
@@ -117,10 +118,6 @@ class Segment:
     kind: str  # "system", "history", "user", "generation_prompt"
     start: int
     end: int
-
-    @property
-    def length(self) -> int:
-        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -258,7 +255,6 @@ class PromptBuilder:
         stop = self.encoder.trusted(chat_format.stop_token)
         self.stop_token_ids: list[int] = stop if len(stop) == 1 else []
 
-        self._system_cache = _LRU(cache_size)  # (preset, version, vars) -> ids
         self._text_cache = _LRU(cache_size)  # system text -> ids
         self._origin = _LRU(cache_size)  # tuple(system ids) -> (preset id, version)
 
@@ -270,16 +266,12 @@ class PromptBuilder:
         version: str | None = None,
         variables: Mapping[str, object] | None = None,
     ) -> list[int]:
-        """The preset's system turn, padded to a multiple of block_size (cached)."""
+        """The preset's system turn, padded to a multiple of block_size (rendered each time,
+        encoded once per text)."""
         preset = get_preset(preset_id, version, base_dir=self.base_dir)
-        values = preset.values(variables)
-        key = (preset.id, preset.version, tuple(sorted((k, repr(v)) for k, v in values.items())))
-        ids = self._system_cache.get(key)
-        if ids is None:
-            ids = tuple(self.system_segment_for_text(preset.render(variables)))
-            self._system_cache.put(key, ids)
-        self._origin.put(ids, (preset.id, preset.version))
-        return list(ids)
+        ids = self.system_segment_for_text(preset.render(variables))
+        self._origin.put(tuple(ids), (preset.id, preset.version))
+        return ids
 
     def system_segment_for_text(self, text: str) -> list[int]:
         """Any system prompt text as an aligned opening segment (presets and API requests)."""
@@ -419,7 +411,7 @@ class PromptBuilder:
         where the API splices back the ids it generated for that text (and None
         means "never generated here", so the text is encoded afresh).
         """
-        msgs = [_normalise(m, i) for i, m in enumerate(messages)]
+        msgs = [normalise_message(m, i) for i, m in enumerate(messages)]
         if not msgs:
             raise InvalidMessages("messages must not be empty")
         return self.build_from_turns(
@@ -528,7 +520,7 @@ class PromptBuilder:
         return cache_salt_for(owner)
 
 
-def _normalise(message: Mapping, index: int) -> tuple[str, str]:
+def normalise_message(message: Mapping, index: int) -> tuple[str, str]:
     """(role, text) of an OpenAI-style message; text parts are joined, others refused."""
     if not isinstance(message, Mapping):
         raise InvalidMessages(f"messages[{index}] must be an object")

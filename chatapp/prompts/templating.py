@@ -1,18 +1,10 @@
 """Jinja2 for prompt templates: the sandbox, the front-matter, and static safety checks.
 
-Presets and chat formats are Jinja2 files that begin with a comment holding TOML
-metadata (the "front-matter"), e.g.::
-
-    {#- preset
-    title = "General assistant"
-    -#}
-    You are a helpful assistant.
-
-Templates render in an immutable sandbox with strict undefined, and nothing that
-changes between renders (a clock, a random generator, a request id) is available:
-a prompt that changes between turns would defeat the prefix cache. The static
-checks here name the cause when a template reaches for one anyway; `lint` also
-renders twice under different clocks and seeds to prove it.
+Presets and chat formats begin with TOML metadata in a leading Jinja comment
+(`{#- preset ... -#}` or `{#- format ... -#}`). Nothing that changes between renders (a
+clock, a random generator, a request id) is available in the sandbox: a prompt that
+changes between turns would defeat the prefix cache. The static checks here name the
+cause when a template reaches for one anyway; `lint` also renders twice to prove it.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from chatapp.api.errors import invalid
+from chatapp.prompts.services import normalise_message
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4
@@ -40,15 +41,7 @@ class CompletionRequest:
     @property
     def turns(self) -> list[tuple[str, str]]:
         """The messages as (role, text), parts joined, "developer" as "system"."""
-        return [_turn(m) for m in self.messages]
-
-
-def _turn(message: dict) -> tuple[str, str]:
-    role = "system" if message["role"] == "developer" else message["role"]
-    content = message.get("content") or ""
-    if isinstance(content, list):
-        content = "".join(part["text"] for part in content)
-    return role, content
+        return [normalise_message(m, i) for i, m in enumerate(self.messages)]
 
 
 def parse_json(body: bytes) -> dict:
