@@ -124,9 +124,7 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "chatapp" / "static"]
 
-LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
-USE_I18N = True
 USE_TZ = True
 
 # Engine: the embedded LLM engine's settings (see inference.config.EngineConfig).
@@ -183,8 +181,6 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL
 CELERY_RESULT_BACKEND = "django-db"
 # Imported when a worker starts (chatapp.generation is a package, not an installed app).
 CELERY_IMPORTS = ["chatapp.generation.tasks", "chatapp.startup"]
-CELERY_TASK_SERIALIZER = "json"
-CELERY_ACCEPT_CONTENT = ["json"]
 # A worker that dies mid-reply must not lose the task: acknowledge only at the end, and
 # requeue when the pool child is killed (acks_late alone would acknowledge it then).
 CELERY_TASK_ACKS_LATE = True

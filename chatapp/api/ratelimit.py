@@ -10,7 +10,6 @@ import math
 import threading
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass
 
 from django.conf import settings
 
@@ -24,16 +23,9 @@ class RateLimited(Exception):
         self.retry_after = max(1, int(retry_after))
 
 
-@dataclass
-class Limits:
-    rpm: int
-    concurrent: int
-
-
-def limits_for(key) -> Limits:
-    rpm = key.rate_limit_rpm if key.rate_limit_rpm is not None else settings.API_RATE_LIMIT_RPM
-    conc = key.max_concurrent if key.max_concurrent is not None else settings.API_MAX_CONCURRENT
-    return Limits(rpm=int(rpm), concurrent=int(conc))
+def _limit(own: int | None, default: int) -> int:
+    """A key's own limit where it has one, else the setting."""
+    return int(own if own is not None else default)
 
 
 class Slot:
@@ -63,7 +55,7 @@ class RateLimiter:
 
     def hit(self, key) -> None:
         """Count one request of `key`, or raise RateLimited (the request is not counted)."""
-        limit = limits_for(key).rpm
+        limit = _limit(key.rate_limit_rpm, settings.API_RATE_LIMIT_RPM)
         now = self._clock()
         with self._lock:
             hits = self._hits[key.pk]
@@ -79,7 +71,7 @@ class RateLimiter:
 
     def acquire(self, key) -> Slot:
         """A generation slot of `key`, or RateLimited when it has its maximum running."""
-        limit = limits_for(key).concurrent
+        limit = _limit(key.max_concurrent, settings.API_MAX_CONCURRENT)
         with self._lock:
             if self._running[key.pk] >= limit:
                 raise RateLimited(
