@@ -595,7 +595,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     b.add_argument("--version", default=lb.LLAMA_CPP_PYTHON_VERSION, help="llama-cpp-python")
     b.add_argument("-j", "--jobs", type=int, default=1, help="parallel compile jobs")
     b.add_argument("--force", action="store_true", help="rebuild even when built")
-    c.add_argument("--quick", action="store_true", help="smaller workloads (a few minutes)")
+    c.add_argument(
+        "--quick",
+        action="store_true",
+        help="4 conversations x 3 turns, 4 shared-prefix requests, 64-token decode",
+    )
     c.add_argument(
         "--pairs", type=parse_pairs, default=list(PAIRS),
         help="our weight dtypes to compare, comma-separated (default: bf16,int8,int4)",
