@@ -18,23 +18,14 @@ class InvalidKey(Exception):
     pass
 
 
-def bearer_token(header: str | None) -> str | None:
-    """The token of an `Authorization: Bearer ...` header; None when there is no header,
-    InvalidKey when there is one of another shape."""
+def key_for_header(header: str | None) -> ApiKey:
+    """The active key the header carries, or MissingKey / InvalidKey (revoked keys are invalid)."""
     if not header:
-        return None
+        raise MissingKey("No API key given: send 'Authorization: Bearer <API key>'.")
     parts = header.split()
     if len(parts) != 2 or parts[0].lower() != KEYWORD:
         raise InvalidKey("The Authorization header must be 'Bearer <API key>'.")
-    return parts[1]
-
-
-def key_for_header(header: str | None) -> ApiKey:
-    """The active key the header carries, or MissingKey / InvalidKey (revoked keys are invalid)."""
-    token = bearer_token(header)
-    if token is None:
-        raise MissingKey("No API key given: send 'Authorization: Bearer <API key>'.")
-    key = selectors.api_key_for_secret(token)
+    key = selectors.api_key_for_secret(parts[1])
     if key is None:
         raise InvalidKey("Incorrect or revoked API key.")
     services.api_key_touch(key=key)

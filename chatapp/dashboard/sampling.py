@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -89,15 +90,15 @@ def engine_sample_local() -> bool:
 
 
 class Sampler(threading.Thread):
-    """Calls engine_sample_local() every `interval` seconds until stopped."""
+    """Calls engine_sample_local() every `interval` seconds for the life of the process."""
 
     def __init__(self, interval: float):
         super().__init__(name="dashboard-sampler", daemon=True)
         self.interval = interval
-        self.stopped = threading.Event()
 
     def run(self) -> None:
-        while not self.stopped.wait(self.interval):
+        while True:
+            time.sleep(self.interval)
             self.run_once()
 
     def run_once(self) -> bool:
@@ -109,9 +110,6 @@ class Sampler(threading.Thread):
             return False
         finally:
             close_old_connections()
-
-    def stop(self) -> None:
-        self.stopped.set()
 
 
 _sampler: Sampler | None = None

@@ -75,7 +75,6 @@ class ChatFormat:
         self.source = source
         self.path = path
         self.name: str = str(meta["name"])
-        self.title: str = str(meta.get("title", self.name))
         self.special_tokens: tuple[str, ...] = tuple(meta["special_tokens"])
         self.stop_token: str = str(meta["stop_token"])
         self.end_of_turn: str = str(meta["end_of_turn"])

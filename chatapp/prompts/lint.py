@@ -21,7 +21,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from chatapp.prompts.compare import describe_divergence, first_divergence
 from chatapp.prompts.encoding import TokenEncoder
 from chatapp.prompts.errors import FormatError, PromptError
-from chatapp.prompts.formats import ChatFormat, format_for_tokenizer, formats_dir
+from chatapp.prompts.formats import ChatFormat, formats_dir
 from chatapp.prompts.presets import is_frozen, parse_preset, presets_dir, read_variables
 from chatapp.prompts.templating import (
     CLOCK_NAMES,
@@ -444,8 +444,6 @@ def lint_file(
         return LintResult(path, "unknown", path.stem, [Problem("read", f"cannot read: {exc}")])
     kind = _kind(path, source)
     if kind == "preset":
-        if chat_format is None:
-            chat_format = format_for_tokenizer(tokenizer, base_dir=base_dir)
         return lint_preset(
             path,
             source,

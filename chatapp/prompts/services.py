@@ -147,14 +147,9 @@ def _tenant_key(owner) -> str:
     if isinstance(owner, str):
         return f"tenant:{owner}"
     # An organisation shares its cache between its members; otherwise the user is the tenant.
-    for attr in ("organization_id", "organisation_id"):
-        value = getattr(owner, attr, None)
-        if value is not None:
-            return f"org:{value}"
-    for attr in ("organization", "organisation"):
-        org = getattr(owner, attr, None)
-        if org is not None and getattr(org, "pk", None) is not None:
-            return f"org:{org.pk}"
+    org_id = getattr(owner, "organization_id", None)
+    if org_id is not None:
+        return f"org:{org_id}"
     pk = getattr(owner, "pk", None)
     if pk is None:
         raise PromptError("a cache salt needs a saved owner (it has no primary key)")

@@ -56,10 +56,6 @@ def parse_json(body: bytes) -> dict:
     return data
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _number(data: dict, name: str, default: float, lo: float, hi: float, lo_open=False) -> float:
     value = data.get(name)
     if value is None:
@@ -76,7 +72,7 @@ def _int(data: dict, name: str, lo: int, hi: int | None = None) -> int | None:
     value = data.get(name)
     if value is None:
         return None
-    if not _is_int(value):
+    if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(f"'{name}' must be an integer.", name, "invalid_type")
     if value < lo or (hi is not None and value > hi):
         upper = f" and at most {hi}" if hi is not None else ""
