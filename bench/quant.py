@@ -5,7 +5,8 @@ and int4 linear weights, and the per-call time of each matmul path:
 
 - decode: one sequence, greedy, tokens/s after the first token; the three engines
   take turns within each round, so host noise lands on all of them; medians over
-  rounds.
+  rounds. Also one uncached prefill of --prefill-tokens tokens (which dequantizes
+  every weight once per step).
 - kernels: x [rows, in] times W [out, in] for SmolLM2's shapes (576 -> 1536,
   1536 -> 576, and the 576 -> 49152 output head) at 1, 4 and 8 rows: the bf16 path
   the engine takes (oneDNN with a packed weight), the int8 and int4 C kernels, and
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 from bench.engine import decode_figures, greedy, run_engine
 from inference import EngineConfig, LLMEngine
+from inference.config import DEFAULT_MODEL
 from kernels import cpu_kernels
 from kernels import quant_linear as ql
 from kernels.cpu_linear import linear, pack_weight, packed_linear
@@ -83,18 +85,25 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--iters", type=int, default=30, help="kernel calls timed per round")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--prefill-tokens", type=int, default=256)
     parser.add_argument("--out", default="bench-results/quant.json")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     engines = {
-        wd: LLMEngine(EngineConfig(weight_dtype=wd, num_blocks=64, max_num_seqs=1))
+        wd: LLMEngine(EngineConfig(model=args.model, weight_dtype=wd, num_blocks=64,
+                                   max_num_seqs=1))
         for wd in WEIGHT_DTYPES
     }
-    prompt = decode_prompt(engines["bf16"].tokenizer)
+    tokenizer = engines["bf16"].tokenizer
+    prompt = decode_prompt(tokenizer)
+    # A long prompt of plain text, cut to size: one uncached prefill.
+    long_prompt = (tokenizer.encode(PROMPT + " ") * args.prefill_tokens)[: args.prefill_tokens]
     cases = kernel_cases()
     decode: dict[str, list[float]] = {wd: [] for wd in WEIGHT_DTYPES}
+    prefill: dict[str, list[float]] = {wd: [] for wd in WEIGHT_DTYPES}
     calls: dict[str, dict[str, list[float]]] = {c: {p: [] for p in paths} for c, paths in cases.items()}
     for r in range(args.rounds):
         order = WEIGHT_DTYPES[r % 3:] + WEIGHT_DTYPES[: r % 3]
@@ -106,6 +115,9 @@ def main(argv: list[str] | None = None) -> dict:
             run = run_engine(engine, [prompt], greedy(args.new_tokens))
             fig = decode_figures(1, args.new_tokens, run.start, run.first_token, run.end)
             decode[wd].append(fig["decode_tokens_per_s"])
+            engine.reset_prefix_cache()
+            run = run_engine(engine, [long_prompt], greedy(1))
+            prefill[wd].append(len(long_prompt) / (run.end - run.start))
         for case, paths in cases.items():
             for path, fn in paths.items():
                 calls[case][path].append(per_call(fn, args.iters))
@@ -120,6 +132,8 @@ def main(argv: list[str] | None = None) -> dict:
         "kernels_available": cpu_kernels.quant_available(),
         "decode_tokens_per_s": {wd: statistics.median(v) for wd, v in decode.items()},
         "decode_tokens_per_s_rounds": decode,
+        "prefill_tokens": len(long_prompt),
+        "prefill_tokens_per_s": {wd: statistics.median(v) for wd, v in prefill.items()},
         "weight_bytes": {
             wd: sum(
                 m.quantized.nbytes if m.quantized is not None
@@ -134,7 +148,9 @@ def main(argv: list[str] | None = None) -> dict:
           f"{result['threads']} threads, {args.new_tokens} new tokens):")
     for wd in WEIGHT_DTYPES:
         print(f"  {wd:5s} {result['decode_tokens_per_s'][wd]:7.1f}   "
-              f"linear weights {result['weight_bytes'][wd] / 2**20:6.1f} MiB")
+              f"linear weights {result['weight_bytes'][wd] / 2**20:6.1f} MiB   "
+              f"prefill of {len(long_prompt)} tokens "
+              f"{result['prefill_tokens_per_s'][wd]:7.1f} tokens/s")
     paths = list(next(iter(cases.values())))
     print("\nper call, microseconds (median):")
     print(f"  {'case':20s}" + "".join(f"{p:>14s}" for p in paths))

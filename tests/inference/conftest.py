@@ -67,14 +67,8 @@ def weight_dtype_under_test() -> str | None:
     return os.environ.get("PREFIXCHAT_TEST_WEIGHT_DTYPE") or None
 
 
-@pytest.fixture(scope="session")
-def quant_cache_dir(tmp_path_factory) -> Path:
-    """Quantized copies of the tests' throwaway models live here, not in the user's cache."""
-    return tmp_path_factory.mktemp("quantized")
-
-
 @pytest.fixture
-def make_engine(tiny_model, quant_cache_dir):
+def make_engine(tiny_model, tmp_path_factory):
     """Build an fp32 engine on the tiny model; keyword arguments go to EngineConfig.
     Its linear weights are quantized as $PREFIXCHAT_TEST_WEIGHT_DTYPE says, if set."""
 
@@ -84,7 +78,8 @@ def make_engine(tiny_model, quant_cache_dir):
         kw.setdefault("num_blocks", 256)
         if weight_dtype := weight_dtype_under_test():
             kw.setdefault("weight_dtype", weight_dtype)
-            kw.setdefault("model_cache_dir", str(quant_cache_dir))
+            # Quantized copies of throwaway models stay out of the user's cache.
+            kw.setdefault("model_cache_dir", str(tmp_path_factory.mktemp("quantized")))
         return LLMEngine(EngineConfig(**kw))
 
     return build
