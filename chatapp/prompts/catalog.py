@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from chatapp.prompts import presets
-from chatapp.prompts.errors import PresetError
 
 DEFAULT_PRESET = "general"
 
@@ -47,5 +46,5 @@ def resolve_preset(preset_id: str | None, version: str | None = None) -> PresetR
         raise UnknownPreset("Unknown preset.")
     try:
         return _ref(presets.get_preset(preset_id, version or None))
-    except (PresetError, ValueError) as exc:
+    except ValueError as exc:  # PresetError included
         raise UnknownPreset(f"Unknown preset {preset_id!r}.") from exc

@@ -247,8 +247,7 @@ def lint_preset(
     except PromptError as exc:
         result.problems.append(Problem("render", str(exc)))
         return result
-    before, content, after = builder.chat_format.opening_parts("system", text)
-    unpadded = len(builder.encoder.parts(before, content, after))
+    unpadded = len(builder.encoder.parts(*builder.chat_format.opening_parts("system", text)))
     system_ids = builder.system_segment_for_text(text)
     result.notes.append(
         f"system segment: {unpadded} tokens + {len(system_ids) - unpadded} filler = "

@@ -141,7 +141,43 @@ class ProfileReport:
         return rows
 
     def render_text(self, max_columns: int = 6) -> str:
-        return format_profile(self, max_columns=max_columns)
+        """The report as text: groups, divergences, then the first tokens side by side."""
+        items = self.prompts
+        if not items:
+            return "No prompts to profile (none recorded in this process; give some with --file)."
+        lines = [
+            f"{len(items)} prompts, first {self.width} tokens, KV block size {self.block_size}"
+        ]
+        for n, g in enumerate(self.groups, 1):
+            names = ", ".join(f"#{m + 1}" for m in g.members)
+            first = items[g.members[0]]
+            about = f" preset {first.preset_id}@{first.preset_version}" if first.preset_id else ""
+            if len(g.members) > 1:
+                lines.append(
+                    f"group {n}: {names} share {g.shared_tokens} leading tokens ({g.shared_blocks} blocks){about}"
+                )
+            else:
+                lines.append(f"group {n}: {names} alone ({first.total_tokens} tokens){about}")
+        if self.divergences:
+            lines.append("divergences:")
+        for d in self.divergences:
+            alike = " (look alike)" if d.look_alike else ""
+            if d.index is None:
+                lines.append(f"  #{d.a + 1} vs #{d.b + 1}{alike}: identical")
+            else:
+                lines.append(
+                    f"  #{d.a + 1} vs #{d.b + 1}{alike}: diverge at index {d.index}: "
+                    f"#{d.a + 1} has {d.a_token}, #{d.b + 1} has {d.b_token}"
+                )
+        shown = list(range(len(items)))[-max_columns:]
+        size = 22
+        lines.append("side by side (id and piece; * marks rows that differ):")
+        lines.append(("  idx  " + " | ".join(f"#{i + 1}".ljust(size) for i in shown)).rstrip())
+        for row in self.rows(shown):
+            mark = "*" if row["differ"] else " "
+            cells = " | ".join(_cell(c, size) for c in row["cells"])
+            lines.append(f"{mark}{row['index']:4d}  {cells}".rstrip())
+        return "\n".join(lines)
 
 
 def _visible(tokenizer, ids: Sequence[int]) -> str:
@@ -211,43 +247,3 @@ def _cell(token: tuple[int, str] | None, size: int) -> str:
         return "".ljust(size)
     text = f"{token[0]} {token[1]!r}"
     return (text if len(text) <= size else text[: size - 1] + "…").ljust(size)
-
-
-def format_profile(report: ProfileReport, max_columns: int = 6) -> str:
-    """The report as text: groups, divergences, then the first tokens side by side."""
-    items = report.prompts
-    if not items:
-        return "No prompts to profile (none recorded in this process; give some with --file)."
-    lines = [
-        f"{len(items)} prompts, first {report.width} tokens, KV block size {report.block_size}"
-    ]
-    for n, g in enumerate(report.groups, 1):
-        names = ", ".join(f"#{m + 1}" for m in g.members)
-        first = items[g.members[0]]
-        about = f" preset {first.preset_id}@{first.preset_version}" if first.preset_id else ""
-        if len(g.members) > 1:
-            lines.append(
-                f"group {n}: {names} share {g.shared_tokens} leading tokens ({g.shared_blocks} blocks){about}"
-            )
-        else:
-            lines.append(f"group {n}: {names} alone ({first.total_tokens} tokens){about}")
-    if report.divergences:
-        lines.append("divergences:")
-    for d in report.divergences:
-        alike = " (look alike)" if d.look_alike else ""
-        if d.index is None:
-            lines.append(f"  #{d.a + 1} vs #{d.b + 1}{alike}: identical")
-        else:
-            lines.append(
-                f"  #{d.a + 1} vs #{d.b + 1}{alike}: diverge at index {d.index}: "
-                f"#{d.a + 1} has {d.a_token}, #{d.b + 1} has {d.b_token}"
-            )
-    shown = list(range(len(items)))[-max_columns:]
-    size = 22
-    lines.append("side by side (id and piece; * marks rows that differ):")
-    lines.append(("  idx  " + " | ".join(f"#{i + 1}".ljust(size) for i in shown)).rstrip())
-    for row in report.rows(shown):
-        mark = "*" if row["differ"] else " "
-        cells = " | ".join(_cell(c, size) for c in row["cells"])
-        lines.append(f"{mark}{row['index']:4d}  {cells}".rstrip())
-    return "\n".join(lines)

@@ -114,18 +114,11 @@ def _raise_exception(message: str) -> None:
 
 
 def sandbox_environment(kind: str = "preset") -> ImmutableSandboxedEnvironment:
-    """The environment templates render in, in production and in tests.
-
-    Immutable sandbox (no attribute escapes, no mutation of passed values), strict
-    undefined (a missing variable is an error, never an empty string), and Jinja's
-    own sources of randomness removed (`random` filter, `lipsum`).
-    """
+    """The environment templates render in, in production and in tests: immutable sandbox,
+    strict undefined (a missing variable is an error, never an empty string), and no `random`
+    filter or `lipsum`, Jinja's own sources of randomness."""
     env = ImmutableSandboxedEnvironment(
-        undefined=StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-        keep_trailing_newline=False,
+        undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, autoescape=False
     )
     env.filters.pop("random", None)
     env.globals.pop("lipsum", None)
@@ -169,7 +162,6 @@ def static_problems(
     `declared` are the variables a preset declares in its front-matter; for a chat
     format the Hugging Face contract (messages, add_generation_prompt, ...) applies.
     """
-    env = sandbox_environment(kind)
     # Analysis tolerates the unstable filters: they are reported by their cause below,
     # not as "no filter named ...".
     analysis_env = sandbox_environment(kind)
@@ -212,7 +204,7 @@ def static_problems(
         if _is_private_const(node.arg):
             add("sandbox", _escape_text(node.arg.value), node.lineno, node.arg.value)
 
-    allowed = set(declared) | set(env.globals)
+    allowed = set(declared) | set(analysis_env.globals)
     if kind == "format":
         allowed |= FORMAT_VARIABLES
     try:
