@@ -161,14 +161,10 @@ def _load(source: str, path: str) -> ChatFormat:
     return ChatFormat(source, Path(path))
 
 
-def load_format_file(path: Path | str) -> ChatFormat:
-    path = Path(path)
-    return _load(path.read_text(encoding="utf-8"), str(path))
-
-
 def list_formats(*, base_dir: Path | str | None = None) -> list[ChatFormat]:
     folder = formats_dir(base_dir)
-    return [load_format_file(p) for p in sorted(folder.glob("*.jinja"))] if folder.is_dir() else []
+    paths = sorted(folder.glob("*.jinja")) if folder.is_dir() else []
+    return [_load(p.read_text(encoding="utf-8"), str(p)) for p in paths]
 
 
 def get_format(name: str, *, base_dir: Path | str | None = None) -> ChatFormat:

@@ -250,7 +250,7 @@ class PromptBuilder:
         stop = self.encoder.trusted(chat_format.stop_token)
         self.stop_token_ids: list[int] = stop if len(stop) == 1 else []
 
-        self._text_cache = _LRU(cache_size)  # system text -> ids
+        self._system_ids = functools.lru_cache(maxsize=cache_size)(self._encode_system)
         self._origin = _LRU(cache_size)  # tuple(system ids) -> (preset id, version)
 
     # -- segments ---------------------------------------------------------------
@@ -270,13 +270,10 @@ class PromptBuilder:
 
     def system_segment_for_text(self, text: str) -> list[int]:
         """Any system prompt text as an aligned opening segment (presets and API requests)."""
-        cached = self._text_cache.get(text)
-        if cached is None:
-            before, content, after = self.chat_format.opening_parts("system", text)
-            ids = self.encoder.parts(before, content, after)
-            cached = tuple(self._pad(ids))
-            self._text_cache.put(text, cached)
-        return list(cached)
+        return list(self._system_ids(text))
+
+    def _encode_system(self, text: str) -> tuple[int, ...]:
+        return tuple(self._pad(self.encoder.parts(*self.chat_format.opening_parts("system", text))))
 
     def _pad(self, ids: list[int]) -> list[int]:
         """Insert filler before the end-of-turn tokens so the segment fills whole blocks.
