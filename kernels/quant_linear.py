@@ -40,6 +40,7 @@ PAD = 64
 # Scales tried for each int4 group, as the number of steps from 0 to its extreme value:
 # searching them cut SmolLM2's held-text log-prob loss from 4.4 % to 3.3 %.
 INT4_STEPS = (8.0, 7.75, 7.5, 7.25, 7.0, 8.25, 8.5)
+CHUNK_ROWS = 4096
 # Above this many rows, dequantize and use oneDNN (see bench quant).
 MAX_KERNEL_ROWS = cpu_kernels.QUANT_MAX_ROWS
 
@@ -80,6 +81,13 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
         raise ValueError(f"unknown weight kind {kind!r}; expected one of {KINDS}")
     if weight.dim() != 2 or not weight.is_floating_point() or weight.numel() == 0:
         raise ValueError(f"expected a non-empty 2-D float weight, got {tuple(weight.shape)}")
+    if weight.shape[0] > CHUNK_ROWS:
+        # Rows are quantized independently; in slices, the fp32 temporaries of a large
+        # head (49152 rows) stay small.
+        parts = [quantize(weight[i : i + CHUNK_ROWS], kind)
+                 for i in range(0, weight.shape[0], CHUNK_ROWS)]
+        return QuantizedWeight(kind, torch.cat([p.data for p in parts]),
+                               torch.cat([p.scale for p in parts]), weight.shape[1])
     w = _pad_columns(weight.detach().float())
     if kind == "int8":
         scale = w.abs().amax(dim=1) / 127

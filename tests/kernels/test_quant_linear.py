@@ -178,3 +178,13 @@ def test_torch_fallback_where_the_kernels_do_not_run(kind, rows, monkeypatch):
     assert not ql.runs_kernel(x, qw)
     check_close(ql.quant_linear(x, qw), x, ql.dequantize(qw))
     check_close(ql.quant_linear(x.bfloat16(), qw), x.bfloat16(), ql.dequantize(qw))
+
+
+@pytest.mark.parametrize("kind", ql.KINDS)
+def test_tall_weights_quantize_in_slices_as_a_whole(kind, monkeypatch):
+    w = weight(50, 70, seed=11)
+    whole = ql.quantize(w, kind)
+    monkeypatch.setattr(ql, "CHUNK_ROWS", 16)
+    sliced = ql.quantize(w, kind)
+    assert torch.equal(sliced.data, whole.data) and torch.equal(sliced.scale, whole.scale)
+    assert sliced.data.is_contiguous() and sliced.scale.is_contiguous()
