@@ -91,6 +91,13 @@ def test_every_linear_layer_is_quantized_and_the_embedding_kept_exact(
     assert [len(o) for o in out] == [12, 12]
 
 
+def test_blocks_are_named_by_the_weight_dtype(tiny_model, tmp_path):
+    """K/V computed with other weights never serves a hit (nor a KV tier on disk)."""
+    ids = {wd: tiny_engine(tiny_model, tmp_path, wd).kv.model_id for wd in ("bf16", "int8", "int4")}
+    assert len(set(ids.values())) == 3
+    assert ids["bf16"].endswith(":float32")  # unchanged for unquantized weights
+
+
 def test_qwen2_biases_are_added_to_quantized_projections(tiny_qwen2, tmp_path):
     plain = tiny_engine(tiny_qwen2, tmp_path, "bf16")
     engine = tiny_engine(tiny_qwen2, tmp_path, "int8")
