@@ -94,27 +94,29 @@ static inline __attribute__((always_inline)) void dot_int8(
     sum_rows(acc, R, scale, res);
 }
 
-/* The same with one int4 weight row: the two groups of each 64-column chunk scaled
-   in registers. */
+/* The same with one int4 weight row. Each group's 16 possible weights, (q - 8) * s,
+   make a table of one vector; a nibble, zero-extended to 32 bits, indexes it
+   (vpermps reads the low 4 bits, so the high nibble needs only a shift). */
 static inline __attribute__((always_inline)) void dot_int4(
     const uint8_t *w, const uint16_t *ws, const float *xf, int64_t in_pad, const int R,
     float *res) {
     __m512 acc[MAX_ROWS][4];
-    const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < in_pad; k += 64) {
-        __m256i b = _mm256_loadu_si256((const __m256i *)(w + k / 2));
-        __m256i lo = _mm256_sub_epi8(_mm256_and_si256(b, low4), eight);
-        __m256i hi = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), low4), eight);
-        const __m512 s0 = _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)ws[k / 32] << 16)));
-        const __m512 s1 =
-            _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)ws[k / 32 + 1] << 16)));
+        const __m512 t0 = _mm512_mul_ps(
+            levels, _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)ws[k / 32] << 16))));
+        const __m512 t1 = _mm512_mul_ps(
+            levels, _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)ws[k / 32 + 1] << 16))));
+        /* bytes 0-15: columns 0-15 (low nibbles) and 32-47 (high); bytes 16-31: 16-31, 48-63 */
+        __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k / 2)));
+        __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k / 2 + 16)));
         __m512 w4[4];
-        w4[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(lo))), s0);
-        w4[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(lo, 1))), s0);
-        w4[2] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(hi))), s1);
-        w4[3] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(hi, 1))), s1);
+        w4[0] = _mm512_permutexvar_ps(b0, t0);
+        w4[1] = _mm512_permutexvar_ps(b1, t0);
+        w4[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(b0, 4), t1);
+        w4[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(b1, 4), t1);
         fma_rows(acc, w4, xf, in_pad, k, R);
     }
     sum_rows(acc, R, 1.0f, res);
