@@ -146,7 +146,7 @@ def _hostile_environment(run: int, kind: str) -> ImmutableSandboxedEnvironment:
 
 
 def _preset_values(meta: dict, run: int) -> dict[str, object]:
-    defaults, required, _, _ = read_variables(meta)
+    defaults, required, _ = read_variables(meta)
     values = dict(defaults)
     for name in required:
         values[name] = f"<{name}>"  # any fixed text: lint checks the template, not the value
@@ -295,12 +295,10 @@ def _replay_messages(turns: int) -> list[list[dict[str, str]]]:
     return conversations
 
 
-def _text_divergence(encoder: TokenEncoder, tokenizer, a: str, b: str) -> str:
-    char = first_divergence(a, b)
-    ta, tb = encoder.trusted(a), encoder.trusted(b)
-    return (
-        describe_divergence(tokenizer, ta, tb, labels=("before", "after")) + f" (character {char})"
-    )
+def _text_divergence(encoder: TokenEncoder, a: str, b: str) -> str:
+    ids = encoder.trusted(a), encoder.trusted(b)
+    where = describe_divergence(encoder.tokenizer, *ids, labels=("before", "after"))
+    return f"{where} (character {first_divergence(a, b)})"
 
 
 def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
@@ -334,7 +332,7 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
             Problem(
                 "unstable",
                 "two renders under different clocks, random values and request ids differ: "
-                + _text_divergence(encoder, tokenizer, *renders),
+                + _text_divergence(encoder, *renders),
             )
         )
 
@@ -353,9 +351,7 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
                     "history",
                     f"rewrites history: turn {turn + 2}'s prompt does not start with turn "
                     f"{turn + 1}'s prompt and reply; "
-                    + _text_divergence(
-                        encoder, tokenizer, cached, prompts[turn + 1][: len(cached)]
-                    ),
+                    + _text_divergence(encoder, cached, prompts[turn + 1][: len(cached)]),
                 )
             )
             break
@@ -374,7 +370,7 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
                     "history",
                     "renders a message differently depending on its position: message by message "
                     "differs from the whole conversation; "
-                    + _text_divergence(encoder, tokenizer, by_message, whole),
+                    + _text_divergence(encoder, by_message, whole),
                 )
             )
         before, _, after = fmt.turn_parts("assistant", "x")

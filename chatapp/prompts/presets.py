@@ -73,8 +73,6 @@ class Preset:
     variables: tuple[str, ...]  # every variable the template may use
     defaults: Mapping[str, object] = field(compare=False)
     required: tuple[str, ...] = ()  # variables without a default: the caller must give them
-    variable_help: Mapping[str, str] = field(default_factory=dict, compare=False)
-    declared_version: str | None = None
     order: int = 100  # list position (front-matter `order`); the first is the default choice
     source: str = field(default="", repr=False)
     path: Path | None = field(default=None, compare=False)
@@ -133,21 +131,20 @@ def content_version(source: str, declared: str | None) -> str:
     return f"{declared}-{sha}" if declared else sha
 
 
-def read_variables(meta: dict) -> tuple[dict, tuple[str, ...], dict, list[Problem]]:
-    """Front-matter [variables]: `name = "default"` or `name = {default=..., description=...}`."""
+def read_variables(meta: dict) -> tuple[dict, tuple[str, ...], list[Problem]]:
+    """Front-matter [variables]: `name = "default"` or `name = {default=..., description=...}`
+    (the description documents the template; nothing reads it)."""
     defaults: dict[str, object] = {}
     required: list[str] = []
-    help_text: dict[str, str] = {}
     problems: list[Problem] = []
     table = meta.get("variables", {})
     if not isinstance(table, dict):
-        return {}, (), {}, [Problem("front-matter", "[variables] must be a table")]
+        return {}, (), [Problem("front-matter", "[variables] must be a table")]
     for name, spec in table.items():
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
             problems.append(Problem("front-matter", f"variable name {name!r} is not an identifier"))
             continue
         if isinstance(spec, dict):
-            help_text[name] = str(spec.get("description", ""))
             if "default" in spec:
                 defaults[name] = spec["default"]
             else:
@@ -159,7 +156,7 @@ def read_variables(meta: dict) -> tuple[dict, tuple[str, ...], dict, list[Proble
             problems.append(
                 Problem("front-matter", f"default of {name!r} must be text or a number")
             )
-    return defaults, tuple(required), help_text, problems
+    return defaults, tuple(required), problems
 
 
 def parse_preset(
@@ -180,7 +177,7 @@ def parse_preset(
             problems.append(
                 Problem("front-matter", f"version {declared!r}: use letters, digits, '.' or '_'")
             )
-    defaults, required, help_text, var_problems = read_variables(meta)
+    defaults, required, var_problems = read_variables(meta)
     problems += var_problems
     names = frozenset(defaults) | frozenset(required)
     problems += static_problems(source, "preset", names)
@@ -194,8 +191,6 @@ def parse_preset(
         variables=tuple(sorted(names)),
         defaults=defaults,
         required=required,
-        variable_help=help_text,
-        declared_version=declared,
         order=int(meta.get("order", 100)) if isinstance(meta.get("order", 100), int) else 100,
         source=source,
         path=path,

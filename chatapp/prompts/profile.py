@@ -223,7 +223,8 @@ def profile_prompts(
         idx = first_divergence(ia, ib)
         if idx is None:
             return Divergence(a, b, idx, look_alike, "", "")
-        return Divergence(a, b, idx, look_alike, piece(tokenizer, ia, idx), piece(tokenizer, ib, idx))
+        a_token, b_token = piece(tokenizer, ia, idx), piece(tokenizer, ib, idx)
+        return Divergence(a, b, idx, look_alike, a_token, b_token)
 
     visible = [_visible(tokenizer, p.token_ids[:width]) for p in items]
 
