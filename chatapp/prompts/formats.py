@@ -122,9 +122,8 @@ class ChatFormat:
                 f"chat format {self.name!r} does not render {what} content exactly once"
             )
         before, after = probe_rendered.split(SENTINEL)
-        if not (rendered.startswith(before) and rendered.endswith(after)) or len(rendered) < len(
-            before
-        ) + len(after):
+        fits = len(rendered) >= len(before) + len(after)
+        if not (fits and rendered.startswith(before) and rendered.endswith(after)):
             raise FormatError(f"chat format {self.name!r} wraps {what} differently by content")
         return before, rendered[len(before) : len(rendered) - len(after)], after
 

@@ -180,20 +180,15 @@ def static_problems(
             seen.add((code, key))
             problems.append(Problem(code, message, line))
 
-    for node in ast.find_all(nodes.Name):
-        if cat := unstable_category(node.name):
-            add(cat, _CATEGORY_TEXT[cat].format(what=f"'{node.name}'"), node.lineno, node.name)
-    for name in declared:
+    # (name, how the message shows it, line, key): names, declared variables, filters.
+    named = [(n.name, f"'{n.name}'", n.lineno, n.name) for n in ast.find_all(nodes.Name)]
+    named += [(name, f"variable '{name}'", None, name) for name in declared]
+    filters = list(ast.find_all(nodes.Filter))
+    named += [(n.name, f"filter '{n.name}'", n.lineno, "|" + n.name) for n in filters]
+    for name, what, line, key in named:
         if cat := unstable_category(name):
-            add(cat, _CATEGORY_TEXT[cat].format(what=f"variable '{name}'"), None, name)
-    for node in ast.find_all(nodes.Filter):
-        if cat := unstable_category(node.name):
-            add(
-                cat,
-                _CATEGORY_TEXT[cat].format(what=f"filter '{node.name}'"),
-                node.lineno,
-                "|" + node.name,
-            )
+            add(cat, _CATEGORY_TEXT[cat].format(what=what), line, key)
+    for node in filters:
         if node.name == "attr" and node.args and _is_private_const(node.args[0]):
             attr = node.args[0].value
             add("sandbox", _escape_text(attr), node.lineno, attr)
@@ -223,12 +218,11 @@ def static_problems(
         )
         add("unknown-variable", f"unknown variable '{name}' ({hint})", line, name)
 
-    if not any(p.code == "syntax" for p in problems):
-        try:
-            analysis_env.from_string(source)  # compile: unknown filters and tests fail here
-        except TemplateSyntaxError as exc:
-            code = "template" if isinstance(exc, TemplateAssertionError) else "syntax"
-            add(code, describe_jinja_error(exc), exc.lineno, "compile")
+    try:
+        analysis_env.from_string(source)  # compile: unknown filters and tests fail here
+    except TemplateSyntaxError as exc:
+        code = "template" if isinstance(exc, TemplateAssertionError) else "syntax"
+        add(code, describe_jinja_error(exc), exc.lineno, "compile")
     return problems
 
 
