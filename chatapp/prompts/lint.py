@@ -449,18 +449,12 @@ def lint_file(
         )
     if kind == "format":
         return lint_format(path, source, tokenizer=tokenizer)
-    return LintResult(
-        path,
-        "unknown",
-        path.stem,
-        [
-            Problem(
-                "front-matter",
-                "neither a preset nor a chat format: begin the file with "
-                "'{#- preset ... -#}' or '{#- format ... -#}'",
-            )
-        ],
+    problem = Problem(
+        "front-matter",
+        "neither a preset nor a chat format: begin the file with "
+        "'{#- preset ... -#}' or '{#- format ... -#}'",
     )
+    return LintResult(path, "unknown", path.stem, [problem])
 
 
 def lint_paths(
