@@ -35,7 +35,11 @@ LLAMA3_OFFICIAL = (
     "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
 
-plain_text = st.text(max_size=60).filter(lambda t: not any(s in t for s in SPECIALS))
+# Any text a message may hold: NUL and lone surrogates are refused before encoding.
+MESSAGE_CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
+plain_text = st.text(MESSAGE_CHARS, max_size=60).filter(
+    lambda t: not any(s in t for s in SPECIALS)
+)
 
 
 @settings(
