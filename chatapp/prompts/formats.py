@@ -72,8 +72,6 @@ class ChatFormat:
         if missing:
             raise FormatError(f"{where}: front-matter lacks {', '.join(missing)}")
         meta = fm.meta
-        self.source = source
-        self.path = path
         self.name: str = str(meta["name"])
         self.special_tokens: tuple[str, ...] = tuple(meta["special_tokens"])
         self.stop_token: str = str(meta["stop_token"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -102,7 +101,7 @@ class Command(BaseCommand):
                 continue
             preset = presets.load_preset_file(path)
             dest = presets.freeze_preset(preset)
-            self.stdout.write(f"frozen {preset.ref} -> {Path(dest)}")
+            self.stdout.write(f"frozen {preset.ref} -> {dest}")
         if refused:
             raise CommandError(f"not activated (lint failed): {', '.join(refused)}")
 
