@@ -308,11 +308,14 @@ async def phase(
     timeout_s: float = 600,
 ) -> dict:
     client = serve.Client(client_args(server, ignore_eos, timeout_s))
-    await client.resolve_model()
-    log(f"{server.label}: {workload.name}, {workload.num_requests} requests")
-    warm, records, seconds = await serve.measure(
-        client, workload, concurrency, tokenizer, block_size, warmup
-    )
+    try:
+        await client.resolve_model()
+        log(f"{server.label}: {workload.name}, {workload.num_requests} requests")
+        warm, records, seconds = await serve.measure(
+            client, workload, concurrency, tokenizer, block_size, warmup
+        )
+    finally:  # inside this loop: closed later, its connections would outlive the loop
+        await client.api.close()
     return {
         "workload": workload.describe(),
         "concurrency": concurrency,
