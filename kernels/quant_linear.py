@@ -41,6 +41,8 @@ PAD = 64
 # searching them cut SmolLM2's held-text log-prob loss from 4.4 % to 3.3 %.
 INT4_STEPS = (8.0, 7.75, 7.5, 7.25, 7.0, 8.25, 8.5)
 CHUNK_ROWS = 4096
+# Many-row matmuls dequantize slices of about this size (see quant_linear).
+DEQUANT_TILE_BYTES = 4 << 20
 # Above this many rows, dequantize and use oneDNN (see bench quant).
 MAX_KERNEL_ROWS = cpu_kernels.QUANT_MAX_ROWS
 
@@ -167,4 +169,16 @@ def quant_linear(
     if runs_kernel(x, qw):
         y = kernel_matmul(x, qw)
         return y if bias is None else y.add_(bias)
-    return F.linear(x, dequantize_for_matmul(qw, x.dtype), bias)
+    # Dequantize a slice of output rows at a time: the slice is still in cache when
+    # oneDNN reads it, and a whole large weight (the head: 56 MB in bf16) would be a
+    # fresh mapping, page-faulted in, on every call.
+    tile = max(256, DEQUANT_TILE_BYTES // (qw.in_features * x.element_size()))
+    if qw.out_features <= tile:
+        return F.linear(x, dequantize_for_matmul(qw, x.dtype), bias)
+    parts = []
+    for o in range(0, qw.out_features, tile):
+        part = QuantizedWeight(qw.kind, qw.data[o : o + tile], qw.scale[o : o + tile],
+                               qw.in_features)
+        parts.append(F.linear(x, dequantize_for_matmul(part, x.dtype),
+                              None if bias is None else bias[o : o + tile]))
+    return torch.cat(parts, dim=-1)

@@ -181,6 +181,18 @@ def test_torch_fallback_where_the_kernels_do_not_run(kind, rows, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ql.KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_many_rows_dequantize_the_weight_in_slices(kind, dtype, monkeypatch):
+    monkeypatch.setattr(ql, "DEQUANT_TILE_BYTES", 1)  # slices of 256 output rows
+    qw = ql.quantize(weight(700, 100, seed=4), kind)
+    x = torch.randn(2, 12, 100).to(dtype)
+    bias = torch.randn(700).to(dtype)
+    got = ql.quant_linear(x, qw, bias)
+    assert got.shape == (2, 12, 700)
+    check_close((got - bias).view(24, 700), x.view(24, 100), ql.dequantize(qw))
+
+
+@pytest.mark.parametrize("kind", ql.KINDS)
 def test_tall_weights_quantize_in_slices_as_a_whole(kind, monkeypatch):
     w = weight(50, 70, seed=11)
     whole = ql.quantize(w, kind)
