@@ -28,16 +28,24 @@ COUNTERS = (
     ("kv_cache_evictions", "evictions", "Cached KV blocks evicted to make room."),
     ("prompt_tokens", "prompt_tokens_total", "Prompt tokens of finished requests."),
     ("generation_tokens", "generation_tokens_total", "Tokens generated."),
+    ("prefix_cache_hits_tier", "prefix_cache_hits_tier",
+     "Prefix cache hits restored from the host/disk KV tier, in tokens."),
+    ("kv_tier_offloads", "kv_tier_offloads", "KV blocks copied to the host/disk tier."),
+    ("kv_tier_restores", "kv_tier_restores", "KV blocks copied back from the tier."),
 )
 GAUGES = (
     ("num_requests_running", "num_running", "Requests running now."),
     ("num_requests_waiting", "num_waiting", "Requests waiting to be scheduled."),
     ("kv_cache_usage_perc", "kv_cache_usage", "Fraction of KV blocks in use (1 = full)."),
+    ("kv_tier_memory_bytes", "kv_tier_memory_bytes", "Bytes of KV in the host memory tier."),
+    ("kv_tier_disk_bytes", "kv_tier_disk_bytes", "Bytes of KV in the disk tier."),
 )
 HISTOGRAMS = (
     ("time_to_first_token_seconds", "ttft_seconds", "Time to first token."),
     ("inter_token_latency_seconds", "inter_token_latency_seconds", "Time between tokens."),
     ("e2e_request_latency_seconds", "e2e_request_latency_seconds", "Request latency, end to end."),
+    ("kv_tier_restore_seconds", "kv_tier_restore_seconds",
+     "Time to copy one lookup's blocks back from the host/disk tier."),
 )
 
 
@@ -66,6 +74,13 @@ class EngineCollector:
                                 ("abort", "requests_aborted")):
                 outcomes.add_metric([engine_id, reason], snap.get(key, 0) or 0)
         yield outcomes
+        reasons = CounterMetricFamily(P + "prefix_cache_match_end",
+                                      "Requests by why their prefix-cache match ended.",
+                                      labels=["engine", "reason"])
+        for engine_id, snap in reports:
+            for reason, n in (snap.get("prefix_cache_miss_reasons") or {}).items():
+                reasons.add_metric([engine_id, reason], n)
+        yield reasons
         for name, key, doc in HISTOGRAMS:
             yield _histogram_family(name, key, doc, reports)
 

@@ -15,6 +15,9 @@ SUMMED = (
     "blocks_cached_free", "blocks_free", "evictions", "preemptions", "num_running",
     "num_waiting", "prompt_tokens_total", "generation_tokens_total", "requests_finished",
     "requests_failed", "requests_aborted",
+    # The host/disk KV tier under the pool (0 where an engine has none).
+    "prefix_cache_hits_tier", "kv_tier_memory_blocks", "kv_tier_memory_bytes",
+    "kv_tier_disk_blocks", "kv_tier_disk_bytes", "kv_tier_offloads", "kv_tier_restores",
 )
 
 
@@ -86,8 +89,15 @@ def _last(snapshot: dict, n: int) -> list[dict]:
 def _figures(snapshots: Sequence[dict], window: list[dict], ttft_of: list[dict],
              **identity) -> dict:
     figures = {key: sum(s.get(key, 0) or 0 for s in snapshots) for key in SUMMED}
+    reasons: dict[str, int] = {}
+    for s in snapshots:
+        for reason, n in (s.get("prefix_cache_miss_reasons") or {}).items():
+            reasons[reason] = reasons.get(reason, 0) + n
+    restore_s = sum((s.get("kv_tier_restore_seconds") or {}).get("sum", 0.0) for s in snapshots)
     figures.update(
         identity,
+        miss_reasons=dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+        restore_ms_per_block=ratio(restore_s * 1000, figures["kv_tier_restores"]),
         hit_rate=ratio(figures["prefix_cache_hits"], figures["prefix_cache_queries"]),
         kv_cache_usage=ratio(figures["blocks_used"], figures["blocks_total"]),
         recent=recent_hit_rate(window),

@@ -200,3 +200,35 @@ def test_metrics_keep_the_local_engine_while_the_database_is_away(client, monkey
                  if f.name == "prefixchat:prefix_cache_hits"]
     assert [(s.labels, s.value) for s in family.samples if s.name.endswith("_total")] == [
         ({"engine": "web"}, 600.0)]
+
+
+@pytest.mark.django_db
+def test_the_host_disk_tier_and_why_matches_ended_are_shown_and_exported(client, staff_client):
+    restore = {"buckets": [0.001, 0.01], "cumulative_counts": [2, 4, 4], "sum": 0.012,
+               "count": 4}
+    tier = dict(prefix_cache_hits_tier=320, kv_tier_memory_blocks=12,
+                kv_tier_memory_bytes=4_423_680, kv_tier_disk_blocks=40,
+                kv_tier_disk_bytes=14_745_600, kv_tier_offloads=52, kv_tier_restores=20,
+                kv_tier_restore_seconds=restore,
+                prefix_cache_miss_reasons={"full": 7, "evicted_pool": 2, "cold": 1})
+    sampling.snapshot_record(snapshot=fake_snapshot("worker-1", **tier))
+    sampling.snapshot_record(snapshot=fake_snapshot(
+        "worker-2", prefix_cache_miss_reasons={"full": 3, "salt": 1}))
+    total = selectors.dashboard_figures()["total"]
+    assert total["prefix_cache_hits_tier"] == 320 and total["kv_tier_restores"] == 20
+    assert total["kv_tier_disk_bytes"] == 14_745_600
+    assert total["miss_reasons"] == {"full": 10, "evicted_pool": 2, "cold": 1, "salt": 1}
+    assert total["restore_ms_per_block"] == pytest.approx(0.6)
+
+    page = staff_client.get("/admin/cache/").content.decode()
+    assert "full 10 · evicted_pool 2" in page and "Host/disk tier" in page
+
+    text = client.get("/metrics").content.decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("prefixchat:prefix_cache_match_end_total",
+                    (("engine", "worker-1"), ("reason", "evicted_pool")))] == 2
+    assert samples[("prefixchat:prefix_cache_hits_tier_total",
+                    (("engine", "worker-1"),))] == 320
+    assert samples[("prefixchat:kv_tier_disk_bytes", (("engine", "worker-1"),))] == 14_745_600
+    assert samples[("prefixchat:kv_tier_restore_seconds_count", (("engine", "worker-1"),))] == 4
