@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from bench.engine import decode_figures, greedy, run_engine
 from inference import EngineConfig, LLMEngine
@@ -67,8 +66,7 @@ def kernel_cases() -> dict[str, dict]:
             for kind, qw in quantized.items():
                 if cpu_kernels.quant_available():
                     paths[kind] = lambda x=x, qw=qw: ql.kernel_matmul(x, qw)
-                paths[f"{kind}-dequant"] = lambda x=x, qw=qw: F.linear(
-                    x, ql.dequantize_for_matmul(qw, x.dtype))
+                paths[f"{kind}-dequant"] = lambda x=x, qw=qw: ql.dequant_linear(x, qw)
             cases[f"{inp}->{out} x{rows}"] = paths
     return cases
 

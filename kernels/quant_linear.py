@@ -169,6 +169,13 @@ def quant_linear(
     if runs_kernel(x, qw):
         y = kernel_matmul(x, qw)
         return y if bias is None else y.add_(bias)
+    return dequant_linear(x, qw, bias)
+
+
+def dequant_linear(
+    x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The many-row path: F.linear over the weight dequantized to x's dtype."""
     # Dequantize a slice of output rows at a time: the slice is still in cache when
     # oneDNN reads it, and a whole large weight (the head: 56 MB in bf16) would be a
     # fresh mapping, page-faulted in, on every call.
