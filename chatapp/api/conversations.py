@@ -46,17 +46,13 @@ def message_tree(*, conversation: Conversation) -> dict:
     }
 
 
-def current_branch(*, conversation: Conversation) -> list[Message]:
-    leaf = chat_selectors.latest_leaf(conversation=conversation)
-    return chat_selectors.message_path(message=leaf) if leaf is not None else []
-
-
 def export_data(*, conversation: Conversation) -> dict:
     messages = chat_selectors.conversation_messages(conversation=conversation)
     replies = [m for m in messages if m.role == Message.Role.ASSISTANT and m.prompt_tokens]
+    branch = chat_selectors.current_branch(conversation=conversation)
     return {
         "conversation": conversation,
-        "current_branch_ids": [m.pk for m in current_branch(conversation=conversation)],
+        "current_branch_ids": [m.pk for m in branch],
         "messages": messages,
         "children": children_map(messages),
         "usage": {
@@ -70,7 +66,7 @@ def export_data(*, conversation: Conversation) -> dict:
 
 def export_markdown(*, conversation: Conversation) -> str:
     """The current branch, for people: headings per turn, the text as written."""
-    branch = current_branch(conversation=conversation)
+    branch = chat_selectors.current_branch(conversation=conversation)
     total = Message.objects.filter(conversation=conversation).count()
     lines = [f"# {conversation.title or f'Conversation {conversation.pk}'}", ""]
     lines.append(f"_Preset: {conversation.preset_id} {conversation.preset_version}_".rstrip())

@@ -29,3 +29,9 @@ class InvalidInput(ChatError):
 class Busy(ChatError):
     code = "busy"
     http_status = 409
+
+
+def sentence(text: str, empty: str = "Invalid input.") -> str:
+    """An error's text as a sentence fit to show: capitalised, one full stop."""
+    text = text.strip()
+    return (text[:1].upper() + text[1:]).rstrip(".") + "." if text else empty

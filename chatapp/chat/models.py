@@ -54,6 +54,9 @@ class Message(models.Model):
         STOPPED = "stopped"
         ERROR = "error"
 
+    # A reply in one of these is still being generated.
+    ACTIVE = (Status.PENDING, Status.STREAMING)
+
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="messages"
     )
@@ -102,4 +105,4 @@ class Message(models.Model):
 
     @property
     def is_active(self) -> bool:
-        return self.status in (self.Status.PENDING, self.Status.STREAMING)
+        return self.status in self.ACTIVE

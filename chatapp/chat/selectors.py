@@ -69,12 +69,7 @@ def conversation_messages(*, conversation: Conversation) -> list[Message]:
 
 
 def conversation_active_replies(*, conversation: Conversation) -> list[Message]:
-    return list(
-        Message.objects.filter(
-            conversation=conversation,
-            status__in=[Message.Status.PENDING, Message.Status.STREAMING],
-        )
-    )
+    return list(Message.objects.filter(conversation=conversation, status__in=Message.ACTIVE))
 
 
 def latest_leaf(*, conversation: Conversation) -> Message | None:
@@ -84,3 +79,9 @@ def latest_leaf(*, conversation: Conversation) -> Message | None:
         if leaf is not None:
             return leaf
     return Message.objects.filter(conversation=conversation).order_by("-created_at", "-id").first()
+
+
+def current_branch(*, conversation: Conversation) -> list[Message]:
+    """The branch from the root to the latest leaf (empty for a new conversation)."""
+    leaf = latest_leaf(conversation=conversation)
+    return message_path(message=leaf) if leaf is not None else []

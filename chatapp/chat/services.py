@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from chatapp.chat import selectors
-from chatapp.chat.errors import Busy, InvalidInput
+from chatapp.chat.errors import Busy, InvalidInput, sentence
 from chatapp.chat.models import Conversation, Message
 from chatapp.prompts import catalog
 from chatapp.prompts.encoding import check_text
@@ -28,14 +28,10 @@ def validate_user_text(content: object) -> str:
         return check_user_text(content, settings.MAX_USER_MESSAGE_CHARS)
     except PromptError as exc:
         code = _TEXT_CODES.get(type(exc), "invalid_value")
-        raise InvalidInput(_sentence(str(exc)), code=code) from None
+        raise InvalidInput(sentence(str(exc)), code=code) from None
 
 
 _TEXT_CODES = {EmptyMessage: "empty_message", MessageTooLong: "message_too_long"}
-
-
-def _sentence(text: str) -> str:
-    return text[:1].upper() + text[1:].rstrip(".") + "."
 
 
 def _check_variables(variables: dict | None) -> dict:
@@ -45,7 +41,7 @@ def _check_variables(variables: dict | None) -> dict:
             try:
                 check_text(value, f"variable {name!r}")
             except PromptError as exc:
-                raise InvalidInput(_sentence(str(exc)), code="invalid_value") from None
+                raise InvalidInput(sentence(str(exc)), code="invalid_value") from None
     return variables or {}
 
 
@@ -133,18 +129,20 @@ def _auto_title(conversation: Conversation, content: str) -> None:
         conversation.title = line[:TITLE_CHARS] + ("…" if len(line) > TITLE_CHARS else "")
 
 
+def _pending_reply(conversation: Conversation, parent_id: int) -> Message:
+    """A pending reply to `parent_id`, which becomes the current leaf (saved by the caller)."""
+    reply = Message.objects.create(conversation=conversation, parent_id=parent_id,
+                                   role=Message.Role.ASSISTANT, status=Message.Status.PENDING)
+    conversation.current_leaf = reply
+    return reply
+
+
 def _add_turn(conversation: Conversation, parent: Message | None, content: str):
     user_msg = Message.objects.create(
         conversation=conversation, parent=parent, role=Message.Role.USER, content=content
     )
-    reply = Message.objects.create(
-        conversation=conversation,
-        parent=user_msg,
-        role=Message.Role.ASSISTANT,
-        status=Message.Status.PENDING,
-    )
+    reply = _pending_reply(conversation, user_msg.pk)
     _auto_title(conversation, content)
-    conversation.current_leaf = reply
     conversation.save(update_fields=["title", "current_leaf", "updated_at"])
     return user_msg, reply
 
@@ -184,13 +182,7 @@ def message_regenerate(*, conversation: Conversation, message_id: int | str) -> 
     original = selectors.message_get(
         conversation=conversation, message_id=message_id, role=Message.Role.ASSISTANT
     )
-    reply = Message.objects.create(
-        conversation=conversation,
-        parent_id=original.parent_id,
-        role=Message.Role.ASSISTANT,
-        status=Message.Status.PENDING,
-    )
-    conversation.current_leaf = reply
+    reply = _pending_reply(conversation, original.parent_id)
     conversation.save(update_fields=["current_leaf", "updated_at"])
     return reply
 

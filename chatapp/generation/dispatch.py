@@ -1,13 +1,5 @@
-"""Where a generation runs: on this process's embedded engine, or on a Celery worker.
-
-One rule for chat replies and /v1 requests (reply_goes_to_worker), with no broker
-configured always "embedded":
-- a generation allowed at least CELERY_REPLY_MIN_TOKENS new tokens (a chat reply's
-  CHAT_MAX_NEW_TOKENS, a request's max_tokens) is a long one: a worker makes it,
-  the web process stays free;
-- while the embedded engine has CELERY_EMBEDDED_MAX_WAITING requests waiting, every
-  new reply goes to a worker rather than queue behind them.
-Either threshold at 0 turns its part off.
+"""Where a generation runs: on this process's embedded engine, or on a Celery worker
+(one rule for chat replies and /v1 requests: reply_goes_to_worker).
 
 The user's message and the pending reply are stored before the task is queued, so when
 the broker is down nothing is lost: the reply is marked failed with a message saying
@@ -44,7 +36,9 @@ def reply_goes_to_worker(
     *, max_new_tokens: int, embedded_waiting: int | None, broker_configured: bool,
     min_tokens: int, max_waiting: int,
 ) -> bool:
-    """The rule itself, on plain values (see the module's docstring)."""
+    """The rule, on plain values: with a broker, a generation allowed at least `min_tokens`
+    new tokens goes to a worker (the web process stays free), and so does every one while
+    the embedded engine has `max_waiting` requests waiting; a threshold at 0 is off."""
     if not broker_configured:
         return False
     if min_tokens > 0 and max_new_tokens >= min_tokens:
@@ -52,22 +46,18 @@ def reply_goes_to_worker(
     return max_waiting > 0 and embedded_waiting is not None and embedded_waiting >= max_waiting
 
 
-def _embedded_waiting() -> int | None:
-    engine = loaded_engine()
-    if engine is None:
-        return None
-    return int(engine.metrics().get("num_waiting", 0))
-
-
 def use_worker(*, max_new_tokens: int) -> bool:
     """Whether a generation allowed `max_new_tokens` goes to a Celery worker."""
     broker_configured = bool(settings.CELERY_BROKER_URL)
     max_waiting = settings.CELERY_EMBEDDED_MAX_WAITING
+    engine = loaded_engine()
+    waiting = None
     # The engine's snapshot is read only when its queue can decide (not on every send).
-    use_queue = broker_configured and max_waiting > 0
+    if broker_configured and max_waiting > 0 and engine is not None:
+        waiting = int(engine.metrics().get("num_waiting", 0))
     return reply_goes_to_worker(
         max_new_tokens=max_new_tokens,
-        embedded_waiting=_embedded_waiting() if use_queue else None,
+        embedded_waiting=waiting,
         broker_configured=broker_configured,
         min_tokens=settings.CELERY_REPLY_MIN_TOKENS,
         max_waiting=max_waiting,

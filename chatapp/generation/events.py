@@ -13,13 +13,9 @@ import time
 from channels.layers import get_channel_layer
 
 
-def group_event(event: dict) -> dict:
-    """Wrap an event for group_send; consumers pass `event` to the client as it is."""
-    return {"type": "chat.event", "event": event}
-
-
 async def publish(group: str, event: dict) -> None:
-    await get_channel_layer().group_send(group, group_event(event))
+    """Send `event` to the group; consumers (chat_event) pass it to the client as it is."""
+    await get_channel_layer().group_send(group, {"type": "chat.event", "event": event})
 
 
 class DeltaBatcher:

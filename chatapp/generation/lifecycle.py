@@ -73,9 +73,8 @@ def reply_claim(*, reply_id: int, holder: str, reclaim_own: bool = False) -> tup
 
 def reply_request_stop(*, reply_id: int) -> bool:
     """Flag a reply generated elsewhere (a worker) to stop; its generation polls the flag."""
-    active = (Message.Status.PENDING, Message.Status.STREAMING)
     return bool(
-        Message.objects.filter(pk=reply_id, status__in=active).update(stop_requested=True)
+        Message.objects.filter(pk=reply_id, status__in=Message.ACTIVE).update(stop_requested=True)
     )
 
 
@@ -84,13 +83,11 @@ def reply_stop_requested(*, reply_id: int) -> bool:
     return not Message.objects.filter(pk=reply_id, stop_requested=False).exists()
 
 
-
 def reply_mark_streaming(*, reply: Message, served_by: str = "") -> Message:
     reply.status = Message.Status.STREAMING
     reply.served_by = served_by or reply.served_by
     reply.save(update_fields=["status", "served_by", "updated_at"])
     return reply
-
 
 
 def reply_finish(

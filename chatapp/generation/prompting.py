@@ -8,8 +8,8 @@ whether the prompt fits at all, is decided against the engine that runs it
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
+from chatapp.chat.errors import sentence
 from chatapp.prompts.errors import PromptError
 from chatapp.prompts.profile import record_prompt
 from chatapp.prompts.services import PromptBuilder, PromptPlan, builder_for, cache_salt_for
@@ -21,16 +21,12 @@ class PromptFailure(Exception):
     """The prompt cannot be built (unknown preset, a stored message without ids, ...)."""
 
 
-@dataclass
-class ReplyPrompt:
-    token_ids: list[int]
-    user_segment: list[int]
-    cache_salt: str
-    builder: PromptBuilder
-    plan: PromptPlan
+def _system_ids(builder: PromptBuilder, conversation) -> list[int]:
+    return builder.system_segment(conversation.preset_id, conversation.preset_version or None,
+                                  conversation.preset_variables or None)
 
 
-def build_reply_prompt(*, tokenizer, conversation, history: list) -> ReplyPrompt:
+def build_reply_prompt(*, tokenizer, conversation, history: list) -> PromptPlan:
     """The prompt for a reply to history[-1] (a user message), from stored segments.
 
     `history` is the branch from the root to the user message; every earlier message
@@ -38,13 +34,8 @@ def build_reply_prompt(*, tokenizer, conversation, history: list) -> ReplyPrompt
     """
     builder = builder_for(tokenizer)
     try:
-        system_ids = builder.system_segment(
-            conversation.preset_id,
-            conversation.preset_version or None,
-            conversation.preset_variables or None,
-        )
         plan = builder.build(
-            system_ids,
+            _system_ids(builder, conversation),
             [list(m.token_ids) for m in history[:-1]],
             history[-1].content,
             preset_id=conversation.preset_id,
@@ -52,27 +43,19 @@ def build_reply_prompt(*, tokenizer, conversation, history: list) -> ReplyPrompt
             cache_salt=cache_salt_for(conversation.owner),
         )
     except PromptError as exc:
-        raise PromptFailure(_sentence(str(exc))) from exc
+        raise PromptFailure(sentence(str(exc), "The prompt failed.")) from exc
     try:
         record_prompt(plan, label=f"chat c{conversation.pk} u{history[-1].pk}")
     except Exception:  # the profile is a diagnostic; a reply never fails for it
         log.debug("record_prompt failed", exc_info=True)
-    return ReplyPrompt(
-        token_ids=list(plan.token_ids),
-        user_segment=list(plan.new_user_segment),
-        cache_salt=plan.cache_salt,
-        builder=builder,
-        plan=plan,
-    )
+    return plan
 
 
 def conversation_prompt_ids(*, tokenizer, conversation, branch: list) -> list[int]:
     """The ids the conversation's next turn starts with: its system segment and every
     stored segment of `branch` (root first), up to the first message without ids."""
-    builder = builder_for(tokenizer)
     try:
-        ids = builder.system_segment(conversation.preset_id, conversation.preset_version or None,
-                                     conversation.preset_variables or None)
+        ids = _system_ids(builder_for(tokenizer), conversation)
     except PromptError:
         return []
     for message in branch:
@@ -80,13 +63,3 @@ def conversation_prompt_ids(*, tokenizer, conversation, branch: list) -> list[in
             break
         ids.extend(message.token_ids)
     return ids
-
-
-def reply_segment(prompt: ReplyPrompt, generated: list[int], *, finished_with_eos: bool) -> list[int]:
-    """The ids a finished (or stopped) reply stores for later prompts."""
-    return prompt.builder.assistant_segment(list(generated), finished_with_eos)
-
-
-def _sentence(text: str) -> str:
-    text = text.strip()
-    return (text[:1].upper() + text[1:]).rstrip(".") + "." if text else "The prompt failed."

@@ -28,13 +28,6 @@ class Divergence:
     segment: str
 
 
-def _first_difference(a, b) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None
-
-
 def divergence(*, reply: Message, plan, path: list[Message]) -> Divergence | None:
     """Where this reply's prompt (`plan`, built from `path`: root .. the user message)
     first differs from the ids the conversation's previous reply left in the cache."""
@@ -50,7 +43,8 @@ def divergence(*, reply: Message, plan, path: list[Message]) -> Divergence | Non
     before = list(plan.token_ids[: system.end]) if system is not None else []
     for message in selectors.message_path(message=previous):
         before.extend(message.token_ids)
-    at = _first_difference(plan.token_ids, before)
+    pairs = zip(plan.token_ids, before, strict=False)
+    at = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
     if at is None:
         return None
     # History segments follow the path's messages in order; the new message is last.
@@ -77,8 +71,3 @@ def receipt(record, diverged: Divergence | None, block_size: int) -> dict | None
     elif record.reason == "cold" and record.matched_tokens > 0:
         out["reason"] = "full"
     return out
-
-
-def openai_extension(record) -> dict | None:
-    """The same for a stateless /v1 request (no previous turn known)."""
-    return receipt(record, None, 1)

@@ -1,15 +1,10 @@
-"""Which workers are alive and how loaded they are, kept in the Redis broker.
+"""Which workers are alive and how loaded they are, kept in the Redis broker (one hash
+per shared queue, so installations sharing a Redis never see each other's workers).
 
-Each worker consumes the shared queue and a queue of its own, named after its
-hostname. Every CELERY_WORKER_HEARTBEAT_S it writes a beat into one hash per shared
-queue (so separate installations on one Redis never see each other's workers). The
-router reads the beats and the queues' lengths; a worker that has missed three beats
-counts as gone, and the live workers move the tasks left in its queue to the shared
-queue: a task waiting for a dead worker would otherwise wait for ever (the broker
-hands a task back to the queue it came from).
-
-Only a Redis broker has this view; with another broker (RabbitMQ) every task goes to
-the shared queue.
+A worker that missed MISSED_BEATS beats is gone, and the live ones move the tasks left
+in its own queue to the shared queue: the broker hands a task back to the queue it came
+from, so one waiting for a dead worker would wait for ever. Only a Redis broker has this
+view; with another every task goes to the shared queue.
 """
 
 from __future__ import annotations

@@ -34,10 +34,6 @@ def _abort_key(request_id: str) -> str:
     return f"prefixchat:abort:{request_id}"
 
 
-def _output_dict(out) -> dict:
-    return dataclasses.asdict(out)
-
-
 def _output(data: dict):
     from inference.outputs import PrefixCacheRecord, RequestOutput
 
@@ -104,7 +100,7 @@ async def serve(job: Job, channel: str) -> dict:
     try:
         async for out in run_here(job):
             await _send(layer, channel, {"type": "gen.output", "kind": "output",
-                                         "output": _output_dict(out)})
+                                         "output": dataclasses.asdict(out)})
             outputs += 1
             if out.finished:
                 reasons[out.index] = out.finish_reason

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -29,7 +28,7 @@ from chatapp.generation import dispatch, lifecycle, prompting, receipts
 from chatapp.generation.engine import aget_engine, loaded_engine
 from chatapp.generation.events import DeltaBatcher, publish
 from chatapp.generation.requests import Generation, Job, Options, run_here
-from chatapp.prompts.services import cache_salt_for
+from chatapp.prompts.services import builder_for, cache_salt_for
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +42,6 @@ _superseded: set[int] = set()
 
 class ReplyFailed(Exception):
     """A reply that cannot be generated, for a reason the user can act on."""
-
-
-class _StoppedEarly(Exception):
-    pass
-
-
-@dataclass
-class PreparedReply:
-    reply: Message
-    group: str
-    prompt: prompting.ReplyPrompt
-    diverged: receipts.Divergence | None = None
 
 
 # -- start -------------------------------------------------------------------------
@@ -79,10 +66,8 @@ async def start(reply: Message) -> asyncio.Task | None:
     try:
         remote = await database_sync_to_async(hand_off)(reply)
     except dispatch.GenerationUnavailable:
-        # The user's message is kept; every tab sees the reply fail.
-        group, final = await database_sync_to_async(_stored)(reply.pk)
-        await publish(group, {"type": "message.done", "message_id": reply.pk, "seq": 1,
-                              "message": final})
+        # The user's message is kept; every tab sees the reply (marked failed) end.
+        await _announce_failed(reply.pk)
         raise
     return None if remote else run_in_background(reply.pk)
 
@@ -95,13 +80,10 @@ async def wait(reply_id: int, *, remote: bool, poll_s: float = 0.2) -> None:
         return
     deadline = time.monotonic() + settings.CELERY_TASK_TIME_LIMIT + 60
     active = database_sync_to_async(
-        lambda: Message.objects.filter(pk=reply_id, status__in=ACTIVE).exists()
+        lambda: Message.objects.filter(pk=reply_id, status__in=Message.ACTIVE).exists()
     )
     while await active() and time.monotonic() < deadline:
         await asyncio.sleep(poll_s)
-
-
-ACTIVE = (Message.Status.PENDING, Message.Status.STREAMING)
 
 
 # -- stop and delete ---------------------------------------------------------------
@@ -140,8 +122,7 @@ def delete_conversation(*, conversation: Conversation) -> None:
 
 
 def _prewarm_ids(conversation: Conversation, tokenizer) -> list[int]:
-    leaf = selectors.latest_leaf(conversation=conversation)
-    branch = selectors.message_path(message=leaf) if leaf is not None else []
+    branch = selectors.current_branch(conversation=conversation)
     return prompting.conversation_prompt_ids(tokenizer=tokenizer, conversation=conversation,
                                              branch=branch)
 
@@ -176,32 +157,36 @@ async def _publish_reply(group: str, event: dict) -> None:
         await publish(group, event)
 
 
-def _prepare(reply_id: int, tokenizer, engine_id: str) -> PreparedReply:
+def _prepare(reply_id: int, tokenizer, engine_id: str):
+    """(reply, its prompt's plan, where that differs from the previous turn's)."""
     reply = Message.objects.select_related("conversation").get(pk=reply_id)
-    conversation = reply.conversation
     path = selectors.message_path(message=reply)[:-1]  # up to the user message
     try:
-        prompt = prompting.build_reply_prompt(
-            tokenizer=tokenizer, conversation=conversation, history=path
+        plan = prompting.build_reply_prompt(
+            tokenizer=tokenizer, conversation=reply.conversation, history=path
         )
     except prompting.PromptFailure as exc:
         raise ReplyFailed(str(exc)) from exc
-    chat_services.user_message_store_segment(message=path[-1], token_ids=prompt.user_segment)
-    diverged = receipts.divergence(reply=reply, plan=prompt.plan, path=path)
+    chat_services.user_message_store_segment(message=path[-1], token_ids=plan.new_user_segment)
+    diverged = receipts.divergence(reply=reply, plan=plan, path=path)
     lifecycle.reply_mark_streaming(reply=reply, served_by=engine_id)
-    return PreparedReply(reply=reply, group=conversation.group_name, prompt=prompt,
-                         diverged=diverged)
+    return reply, plan, diverged
 
 
-def _stored(reply_id: int) -> tuple[str, dict]:
+def _failed(reply_id: int, error: str | None) -> tuple[str, dict]:
+    """The group and final dict of a reply that ended before it started; `error`, when
+    given, is recorded first (None: already recorded)."""
     reply = Message.objects.select_related("conversation").get(pk=reply_id)
+    if error is not None:
+        reply = lifecycle.reply_finish(reply=reply, status=Message.Status.ERROR, error=error)
     return reply.conversation.group_name, message_dict(reply)
 
 
-def _fail_before_start(reply_id: int, error: str) -> tuple[str, dict]:
-    reply = Message.objects.select_related("conversation").get(pk=reply_id)
-    done = lifecycle.reply_finish(reply=reply, status=Message.Status.ERROR, error=error)
-    return reply.conversation.group_name, message_dict(done)
+async def _announce_failed(reply_id: int, error: str | None = None) -> dict:
+    group, final = await database_sync_to_async(_failed)(reply_id, error)
+    await publish(group, {"type": "message.done", "message_id": reply_id, "seq": 1,
+                          "message": final})
+    return final
 
 
 def _finish(reply_id: int, lease: str, fields: dict) -> dict | None:
@@ -266,28 +251,25 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
 
     try:
         engine = await aget_engine()
-        prepared = await database_sync_to_async(_prepare)(
+        reply, plan, diverged = await database_sync_to_async(_prepare)(
             reply_id, engine.tokenizer, engine.config.engine_id
         )
     except Message.DoesNotExist:
         raise
-    except Exception as exc:
-        if isinstance(exc, ReplyFailed):
-            error = str(exc)
-        else:
-            log.exception("Preparing reply %s failed", reply_id)
-            error = "The model could not be started; see the server log."
-        group, final = await database_sync_to_async(_fail_before_start)(reply_id, error)
-        await publish(group, {"type": "message.done", "message_id": reply_id, "seq": 1,
-                              "message": final})
-        return final
+    except ReplyFailed as exc:
+        return await _announce_failed(reply_id, str(exc))
+    except Exception:
+        log.exception("Preparing reply %s failed", reply_id)
+        return await _announce_failed(
+            reply_id, "The model could not be started; see the server log."
+        )
 
-    reply, group, prompt = prepared.reply, prepared.group, prepared.prompt
+    group = reply.conversation.group_name
     await _publish_reply(group, {"type": "message.started", "message_id": reply_id,
-                                 "prompt_tokens": len(prompt.token_ids)})
+                                 "prompt_tokens": len(plan.token_ids)})
     job = Job(
-        prompt_ids=tuple(prompt.token_ids),
-        cache_salt=prompt.cache_salt,
+        prompt_ids=tuple(plan.token_ids),
+        cache_salt=plan.cache_salt,
         options=Options(default_max_tokens=settings.CHAT_MAX_NEW_TOKENS,
                         temperature=settings.CHAT_TEMPERATURE, top_p=settings.CHAT_TOP_P),
         request_id=reply.request_id,
@@ -296,22 +278,20 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
     last = None
     error = ""
     try:
-        if reply_id in _stop_requested:
-            raise _StoppedEarly  # stopped while the prompt was being built
-        async for out in Generation(job, run_here).outputs():
-            last = out
-            if reply_id in _stop_requested and not out.finished:
-                # The stop came while the prompt was being built, before the engine knew
-                # this request id; abort now, the stream then ends with "abort".
-                _stop_requested.discard(reply_id)
-                engine.abort(reply.request_id)
-            batcher.add(out.text_delta, len(out.new_token_ids))
-            if batcher.due() and not out.finished:
-                seq, text = batcher.take()
-                await _publish_reply(group, {"type": "message.delta", "message_id": reply_id,
-                                             "seq": seq, "text": text})
-    except _StoppedEarly:
-        pass  # recorded as stopped below, with no tokens
+        # A reply stopped while its prompt was being built is not started: no tokens.
+        if reply_id not in _stop_requested:
+            async for out in Generation(job, run_here).outputs():
+                last = out
+                if reply_id in _stop_requested and not out.finished:
+                    # The stop came while the prompt was being built, before the engine
+                    # knew this request id; abort now, the stream then ends with "abort".
+                    _stop_requested.discard(reply_id)
+                    engine.abort(reply.request_id)
+                batcher.add(out.text_delta, len(out.new_token_ids))
+                if batcher.due() and not out.finished:
+                    seq, text = batcher.take()
+                    await _publish_reply(group, {"type": "message.delta",
+                                                 "message_id": reply_id, "seq": seq, "text": text})
     except asyncio.CancelledError:
         engine.abort(reply.request_id)  # recorded as stopped below, with its partial text
     except InvalidRequestError as exc:
@@ -325,9 +305,10 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
         await _publish_reply(group, {"type": "message.delta", "message_id": reply_id,
                                      "seq": seq, "text": text})
 
-    fields = _final_fields(prompt, last, error=error)
+    builder = builder_for(engine.tokenizer)
+    fields = _final_fields(builder, last, error=error)
     fields["prefix_cache"] = receipts.receipt(
-        getattr(last, "prefix_cache", None), prepared.diverged, prompt.builder.block_size
+        getattr(last, "prefix_cache", None), diverged, builder.block_size
     )
     final = await database_sync_to_async(_finish)(reply_id, lease, fields)
     if final is None:
@@ -337,7 +318,7 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
     return final
 
 
-def _final_fields(prompt: prompting.ReplyPrompt, last, *, error: str) -> dict:
+def _final_fields(builder, last, *, error: str) -> dict:
     generated = list(last.token_ids) if last is not None else []
     reason = last.finish_reason if last is not None and last.finished else None
     if error or reason == "error":
@@ -356,9 +337,7 @@ def _final_fields(prompt: prompting.ReplyPrompt, last, *, error: str) -> dict:
         "error": error if status == Message.Status.ERROR else "",
     }
     if status != Message.Status.ERROR:
-        fields["segment_token_ids"] = prompting.reply_segment(
-            prompt, generated, finished_with_eos=reason == "stop"
-        )
+        fields["segment_token_ids"] = builder.assistant_segment(generated, reason == "stop")
     if last is not None:
         fields.update(
             prompt_tokens=last.prompt_tokens,

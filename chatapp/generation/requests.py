@@ -109,11 +109,6 @@ async def run_here(job: Job) -> AsyncIterator:
         await stream.aclose()
 
 
-def openai_finish_reason(engine_reason: str | None) -> str:
-    # "abort" only comes from a stop we asked for (client gone, user stop).
-    return "length" if engine_reason == "length" else "stop"
-
-
 @dataclass
 class Choice:
     index: int
@@ -125,7 +120,10 @@ class Choice:
 
     @property
     def finish_reason(self) -> str | None:
-        return None if self.engine_reason is None else openai_finish_reason(self.engine_reason)
+        """OpenAI's reason ("abort" only comes from a stop we asked for: client gone)."""
+        if self.engine_reason is None:
+            return None
+        return "length" if self.engine_reason == "length" else "stop"
 
 
 class Generation:
@@ -158,11 +156,6 @@ class Generation:
                 yield out
         finally:
             await self._stream.aclose()
-
-    async def run(self) -> None:
-        """To the end, for callers that want only the result."""
-        async for _ in self.outputs():
-            pass
 
     def _record(self, out) -> None:
         if out.index == 0:

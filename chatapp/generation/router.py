@@ -1,16 +1,9 @@
-"""Cache-affinity routing: send a turn to the worker whose engine holds its prefix.
+"""Cache-affinity routing: send a turn to the worker whose engine holds its prefix, since
+each worker's prefix cache is its own (the rule: README, "Workers", Routing).
 
-Each worker's prefix cache is its own, so where the next turn of a conversation runs
-decides whether its history is a cache hit. The preferred worker is the one that
-served the conversation's last reply; for a conversation's first turn, the one that
-last served the same owner's conversation with the same preset (its system segment is
-warm there: blocks are salted per owner). A stateless /v1 conversation has no row: its
-turns are known by the tenant's salt and the prompt up to the end of its first
-non-system message (conversation_key), and the worker that ran the last turn of that
-key is preferred. When the preferred worker is gone or has more
-than CELERY_AFFINITY_MAX_QUEUE tasks waiting, the least-loaded live worker takes the
-turn; with no preference, or no live worker to spare, the shared queue does (the first
-free worker picks it up).
+A stateless /v1 conversation has no row: its turns are known by the tenant's salt and
+the prompt up to the end of its first non-system message (conversation_key), and the
+worker that ran the last turn of that key is preferred.
 """
 
 from __future__ import annotations

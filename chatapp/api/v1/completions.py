@@ -21,6 +21,7 @@ from chatapp.api import selectors, services
 from chatapp.api.errors import OpenAIError, internal, invalid
 from chatapp.api.models import ApiKey
 from chatapp.api.v1.parsing import CompletionRequest
+from chatapp.chat.errors import sentence
 from chatapp.generation import dispatch, receipts, remote, router
 from chatapp.generation.engine import aget_tokenizer
 from chatapp.generation.requests import Generation, Job, Options, run_here
@@ -92,7 +93,7 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
     try:
         plan = builder.build_from_turns(turns, assistant_ids_lookup=lookup, cache_salt=salt)
     except PromptError as exc:
-        raise invalid(_sentence(str(exc)), "messages", "invalid_value") from None
+        raise invalid(sentence(str(exc), "Invalid messages."), "messages", "invalid_value") from None
     job = Job(
         prompt_ids=plan.token_ids,
         cache_salt=salt,
@@ -108,11 +109,6 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
         affinity=router.conversation_key(cache_salt=salt, plan=plan),
     )
     return Prepared(job=job, tenant=tenant, stop_token_ids=sorted(builder.stop_token_ids))
-
-
-def _sentence(text: str) -> str:
-    text = text.strip()
-    return (text[:1].upper() + text[1:]).rstrip(".") + "." if text else "Invalid messages."
 
 
 @dataclass
@@ -144,7 +140,8 @@ class Completion:
     def usage(self) -> dict:
         usage = {**self.generation.usage(), "completion_tokens_details": {"reasoning_tokens": 0}}
         if self.req.prefix_cache_receipt:  # only when asked: SDKs are not surprised
-            usage["prefix_cache"] = receipts.openai_extension(self.generation.prefix_cache)
+            # A stateless request has no previous turn to diverge from.
+            usage["prefix_cache"] = receipts.receipt(self.generation.prefix_cache, None, 1)
         return usage
 
     async def remember(self) -> None:
