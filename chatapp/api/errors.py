@@ -18,15 +18,8 @@ from chatapp.chat.errors import ChatError
 
 log = logging.getLogger(__name__)
 
-TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    503: "server_error",
-}
+# Any other status is an "invalid_request_error".
+TYPES = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 
 
 class OpenAIError(Exception):
@@ -87,14 +80,13 @@ def api_exception_handler(exc, context):
     if isinstance(exc, RateLimited):
         exc = exceptions.Throttled(wait=exc.retry_after, detail=exc.message)
     response = exception_handler(exc, context)
-    if response is not None:
-        response.data = _detail_body(exc, response.data)
     if response is None:
         log.exception("Unexpected error in %s", context.get("view"))
         return Response(
             {"detail": "Internal server error.", "code": "server_error"},
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,
         )
+    response.data = _detail_body(exc, response.data)
     return response
 
 
@@ -103,9 +95,9 @@ UNUSABLE_TEXT = {"null_characters_not_allowed", "surrogate_characters_not_allowe
 
 def _codes(codes) -> set[str]:
     if isinstance(codes, dict):
-        return set().union(*map(_codes, codes.values())) if codes else set()
+        codes = list(codes.values())
     if isinstance(codes, list):
-        return set().union(*map(_codes, codes)) if codes else set()
+        return set().union(*map(_codes, codes))
     return {str(codes)}
 
 

@@ -1,8 +1,7 @@
 """API keys and the per-tenant memory of generated reply ids.
 
-A key is shown once, when it is made; the database keeps only its prefix (to list
-and find it) and a SHA-256 of the whole key. Keys carry 32 random bytes, so a
-plain hash is enough: there is nothing to brute-force as with passwords.
+A key is stored as its prefix and a SHA-256 of the whole key (README, "REST API"): keys
+carry 32 random bytes, so a plain hash is enough, nothing to brute-force as passwords.
 """
 
 from __future__ import annotations
@@ -40,11 +39,7 @@ class ApiKey(models.Model):
 
 class RememberedReply(models.Model):
     """The ids the engine generated for a reply text, so the text can be spliced back as ids.
-
-    Keyed by tenant and a hash of the text: a tenant never gets ids from another
-    tenant's replies (their texts could collide only by carrying the same words,
-    but the ids would then reveal nothing new; the scoping is about not sharing).
-    """
+    Keyed by tenant and a hash of the text: tenants never share what they remember."""
 
     tenant = models.CharField(max_length=64)
     text_hash = models.CharField(max_length=64)

@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from chatapp.api.models import ApiKey, RememberedReply
-from chatapp.api.services import hash_key, hash_text
+from chatapp.api.services import sha256_hex
 
 
 def api_key_for_secret(raw_key: str) -> ApiKey | None:
@@ -18,7 +18,7 @@ def api_key_for_secret(raw_key: str) -> ApiKey | None:
         return None
     key = (
         ApiKey.objects.select_related("user")
-        .filter(key_hash=hash_key(raw_key), revoked_at__isnull=True)
+        .filter(key_hash=sha256_hex(raw_key), revoked_at__isnull=True)
         .first()
     )
     if key is None or not key.user.is_active:
@@ -40,7 +40,7 @@ def api_key_get(*, user: AbstractBaseUser, key_id: int | str) -> ApiKey | None:
 
 def remembered_ids(*, tenant: str, texts: Iterable[str]) -> dict[str, list[int]]:
     """text -> the ids generated for it, for the texts this tenant's replies had (unexpired)."""
-    by_hash = {hash_text(t): t for t in texts if t}
+    by_hash = {sha256_hex(t): t for t in texts if t}
     if not by_hash:
         return {}
     rows = RememberedReply.objects.filter(

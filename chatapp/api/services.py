@@ -19,11 +19,8 @@ KEY_PREFIX = "pc-"
 TOUCH_EVERY = timedelta(minutes=1)
 
 
-def hash_key(raw_key: str) -> str:
-    return hashlib.sha256(raw_key.encode("utf-8")).hexdigest()
-
-
-def hash_text(text: str) -> str:
+def sha256_hex(text: str) -> str:
+    """How a key's secret and a remembered reply's text are stored and looked up."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -46,7 +43,7 @@ def api_key_create(
                     user=user,
                     name=(name or "").strip()[:100],
                     prefix=prefix,
-                    key_hash=hash_key(raw),
+                    key_hash=sha256_hex(raw),
                     allow_cache_salt=allow_cache_salt,
                     rate_limit_rpm=rate_limit_rpm,
                     max_concurrent=max_concurrent,
@@ -86,7 +83,7 @@ def replies_remember(*, tenant: str, replies: Iterable[tuple[str, list[int]]]) -
             continue
         RememberedReply.objects.update_or_create(
             tenant=tenant,
-            text_hash=hash_text(text),
+            text_hash=sha256_hex(text),
             defaults={"token_ids": list(ids), "expires_at": expires},
         )
     # Bounded memory: expired rows go on the next write (cheap with the index).

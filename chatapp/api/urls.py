@@ -1,6 +1,6 @@
 """/api/: conversations (DRF), its OpenAPI schema and docs page; /keys/: the key page."""
 
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from chatapp.api import (
@@ -11,41 +11,22 @@ from chatapp.api import (
 
 app_name = "api"
 
+# Under api/conversations/<id>/.
+conversation_urls = [
+    path("", views.ConversationDetailView.as_view(), name="conversation"),
+    path("messages/", views.MessageListView.as_view(), name="messages"),
+    path("messages/<int:message_id>/", views.MessageDetailView.as_view(), name="message"),
+    path("messages/<int:message_id>/stop/", views.MessageStopView.as_view(), name="message-stop"),
+    path("export/", views.ExportView.as_view(), name="export"),
+    path("export/markdown/", views.ExportMarkdownView.as_view(), name="export-markdown"),
+]
+
 urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("api/presets/", views.PresetListView.as_view(), name="presets"),
     path("api/conversations/", views.ConversationListView.as_view(), name="conversations"),
-    path(
-        "api/conversations/<int:conversation_id>/",
-        views.ConversationDetailView.as_view(),
-        name="conversation",
-    ),
-    path(
-        "api/conversations/<int:conversation_id>/messages/",
-        views.MessageListView.as_view(),
-        name="messages",
-    ),
-    path(
-        "api/conversations/<int:conversation_id>/messages/<int:message_id>/",
-        views.MessageDetailView.as_view(),
-        name="message",
-    ),
-    path(
-        "api/conversations/<int:conversation_id>/messages/<int:message_id>/stop/",
-        views.MessageStopView.as_view(),
-        name="message-stop",
-    ),
-    path(
-        "api/conversations/<int:conversation_id>/export/",
-        views.ExportView.as_view(),
-        name="export",
-    ),
-    path(
-        "api/conversations/<int:conversation_id>/export/markdown/",
-        views.ExportMarkdownView.as_view(),
-        name="export-markdown",
-    ),
+    path("api/conversations/<int:conversation_id>/", include(conversation_urls)),
     # Anything else under /api/ answers a JSON 404 (not the HTML page) in the API's shape.
     re_path(r"^api/", views.not_found),
     path("keys/", web.keys_page, name="keys"),

@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 from chatapp.api import conversations
 from chatapp.api.models import ApiKey
 from chatapp.api.pagination import Pagination
-from chatapp.api.ratelimit import Slot, limiter
+from chatapp.api.ratelimit import limiter
 from chatapp.api.serializers import (
     ConversationCreateSerializer,
     ConversationFilterSerializer,
@@ -53,13 +53,6 @@ TAG = ["conversations"]
 
 def _conversation(request: Request, conversation_id):
     return chat_selectors.conversation_get(user=request.user, conversation_id=conversation_id)
-
-
-def _slot(request: Request) -> Slot | None:
-    """A generation slot for key-authenticated requests (browser sessions are not limited)."""
-    if isinstance(request.auth, ApiKey):
-        return limiter.acquire(request.auth)  # RateLimited -> 429 in the exception handler
-    return None
 
 
 class PresetListView(APIView):
@@ -172,7 +165,9 @@ class MessageListView(APIView):
         conversation = _conversation(request, conversation_id)
         body = MessageCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        slot = _slot(request)
+        # A generation slot for a key (browser sessions are not limited); RateLimited is a
+        # 429 from the exception handler.
+        slot = limiter.acquire(request.auth) if isinstance(request.auth, ApiKey) else None
         try:
             user_msg, reply = chat_services.message_send(
                 conversation=conversation,

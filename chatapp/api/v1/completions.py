@@ -117,19 +117,11 @@ class Completion:
     request was answered with a status code before any byte of a stream) and the ids
     and timestamps of the response."""
 
-    key: ApiKey
     req: CompletionRequest
     prepared: Prepared
     generation: Generation
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
-
-    @property
-    def choices(self):
-        return self.generation.choices
-
-    def outputs(self):
-        return self.generation.outputs()
 
     def check(self, out) -> None:
         """A sample that failed inside the engine fails the response (no internals shown)."""
@@ -152,7 +144,7 @@ class Completion:
         """
         eos_like = set(self.prepared.stop_token_ids)
         keep = []
-        for c in self.choices.values():
+        for c in self.generation.choices.values():
             reason = c.engine_reason
             ended_by_eos = reason == "stop" and c.token_ids and c.token_ids[-1] in eos_like
             if reason == "length" or ended_by_eos:
@@ -175,7 +167,7 @@ class Completion:
                     "logprobs": None,
                     "finish_reason": c.finish_reason or "stop",
                 }
-                for c in sorted(self.choices.values(), key=lambda c: c.index)
+                for c in sorted(self.generation.choices.values(), key=lambda c: c.index)
             ],
             "usage": self.usage(),
         }
@@ -215,4 +207,4 @@ async def open_completion(*, key: ApiKey, req: CompletionRequest) -> Completion:
         raise OpenAIError(503, exc.message, code="service_unavailable") from None
     except StopAsyncIteration:
         raise internal() from None
-    return Completion(key=key, req=req, prepared=prepared, generation=generation)
+    return Completion(req=req, prepared=prepared, generation=generation)

@@ -81,7 +81,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             response["X-Accel-Buffering"] = "no"  # proxies must not hold the stream back
             slot = None  # the stream releases it
             return response
-        async for out in completion.outputs():
+        async for out in completion.generation.outputs():
             completion.check(out)
         await completion.remember()
         return JsonResponse(completion.completion_body())
@@ -104,9 +104,9 @@ async def _sse(completion: completions.Completion, slot: Slot) -> AsyncIterator[
     """chat.completion.chunk events, `[DONE]` last. A sample's first chunk goes out with
     its first token (carrying the role), never before: clients time TTFT on it."""
     try:
-        async for out in completion.outputs():
+        async for out in completion.generation.outputs():
             completion.check(out)
-            choice = completion.choices[out.index]
+            choice = completion.generation.choices[out.index]
             if out.text_delta or not choice.started:
                 delta = {"content": out.text_delta}
                 if not choice.started:
