@@ -21,34 +21,30 @@ def conversation_list(*, user: AbstractBaseUser, search: str = "") -> QuerySet[C
     return qs
 
 
+def _one(qs: QuerySet, pk: int | str, what: str):
+    """The row `pk` of `qs`, or NotFound (an id that is not a number included)."""
+    try:
+        pk = int(pk)
+    except (TypeError, ValueError):
+        raise NotFound(f"{what} not found.") from None
+    found = qs.filter(pk=pk).first()
+    if found is None:
+        raise NotFound(f"{what} not found.")
+    return found
+
+
 def conversation_get(*, user: AbstractBaseUser, conversation_id: int | str) -> Conversation:
     """The user's conversation, or NotFound: another user's conversation looks absent."""
-    try:
-        pk = int(conversation_id)
-    except (TypeError, ValueError):
-        raise NotFound("Conversation not found.") from None
     if not getattr(user, "is_authenticated", False):
         raise NotFound("Conversation not found.")
-    conversation = Conversation.objects.filter(pk=pk, owner=user).first()
-    if conversation is None:
-        raise NotFound("Conversation not found.")
-    return conversation
+    return _one(Conversation.objects.filter(owner=user), conversation_id, "Conversation")
 
 
 def message_get(
     *, conversation: Conversation, message_id: int | str, role: str | None = None
 ) -> Message:
-    try:
-        pk = int(message_id)
-    except (TypeError, ValueError):
-        raise NotFound("Message not found.") from None
-    qs = Message.objects.filter(pk=pk, conversation=conversation)
-    if role:
-        qs = qs.filter(role=role)
-    message = qs.first()
-    if message is None:
-        raise NotFound("Message not found.")
-    return message
+    qs = Message.objects.filter(conversation=conversation)
+    return _one(qs.filter(role=role) if role else qs, message_id, "Message")
 
 
 def message_path(*, message: Message) -> list[Message]:

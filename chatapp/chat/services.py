@@ -74,31 +74,21 @@ def conversation_rename(*, conversation: Conversation, title: object) -> Convers
     return conversation
 
 
-def conversation_delete(*, conversation: Conversation) -> None:
-    conversation.delete()
-
-
 INTERRUPTED = "The server stopped while this reply was being generated; regenerate it."
 
 
-def replies_recover_stale(*, conversation: Conversation) -> list[Message]:
-    """Mark as failed the replies a dead process left pending or streaming.
+def replies_recover_stale(*, conversation: Conversation) -> int:
+    """Mark as failed the replies a dead process left pending or streaming; returns how many.
 
     A running generation touches its reply every CHAT_HEARTBEAT_S seconds, so one
     untouched for CHAT_STALE_REPLY_S has no process behind it any more; without this
     a restart mid-reply would leave the conversation busy for ever.
     """
-    cutoff = timezone.now() - timedelta(seconds=settings.CHAT_STALE_REPLY_S)
-    stale = [
-        reply for reply in selectors.conversation_active_replies(conversation=conversation)
-        if reply.updated_at < cutoff
-    ]
-    for reply in stale:
-        reply.status = Message.Status.ERROR
-        reply.finish_reason = "error"
-        reply.error = INTERRUPTED
-        reply.save(update_fields=["status", "finish_reason", "error", "updated_at"])
-    return stale
+    now = timezone.now()
+    return Message.objects.filter(
+        conversation=conversation, status__in=Message.ACTIVE,
+        updated_at__lt=now - timedelta(seconds=settings.CHAT_STALE_REPLY_S),
+    ).update(status=Message.Status.ERROR, finish_reason="error", error=INTERRUPTED, updated_at=now)
 
 
 def _ensure_idle(conversation: Conversation) -> None:

@@ -54,7 +54,7 @@ async def relay(job: Job, queue: str) -> AsyncIterator:
 
     layer = get_channel_layer()
     channel = await layer.new_channel()
-    await sync_to_async(dispatch.enqueue_completion)(job=job.to_dict(), channel=channel,
+    await sync_to_async(dispatch.enqueue_completion)(job=dataclasses.asdict(job), channel=channel,
                                                      queue=queue)
     # Bounded like a reply a worker makes: the task's own time limit, plus its queueing.
     timeout = settings.CELERY_TASK_TIME_LIMIT + 60

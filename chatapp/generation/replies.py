@@ -1,14 +1,8 @@
 """A chat reply from start to end: the one service the chat page, the conversations API
-and the Celery task call.
-
-- start: a worker generates it (chatapp.generation.dispatch decides) or this process
-  does, as a task on the event loop;
-- run_reply: prompt from the prompt manager, tokens through chatapp.generation.requests,
-  numbered deltas to the conversation's group, the result recorded (lifecycle);
-- stop: here at once, or through the flag a worker's generation polls;
-- delete_conversation: stop its running replies, then delete it;
-- prewarm: when a conversation is opened, bring its KV blocks back from the engine's
-  host/disk tier ahead of its next message.
+and the Celery task call. It runs on a worker (dispatch decides) or here, as a task on
+the event loop, and stops here at once or through the flag a worker's generation polls.
+Opening a conversation prewarms it: its KV blocks come back from the engine's host/disk
+tier ahead of its next message.
 """
 
 from __future__ import annotations
@@ -108,17 +102,12 @@ def request_stop(reply_id: int) -> None:
         lifecycle.reply_request_stop(reply_id=reply_id)
 
 
-async def arequest_stop(reply_id: int) -> None:
-    if not stop_reply(reply_id):
-        await database_sync_to_async(lifecycle.reply_request_stop)(reply_id=reply_id)
-
-
 def delete_conversation(*, conversation: Conversation) -> None:
     """Stop the conversation's running replies (their engine blocks are freed; a worker's
     generation sees its row gone), then delete it with its messages."""
     for reply in selectors.conversation_active_replies(conversation=conversation):
         stop_reply(reply.pk)
-    chat_services.conversation_delete(conversation=conversation)
+    conversation.delete()
 
 
 def _prewarm_ids(conversation: Conversation, tokenizer) -> list[int]:

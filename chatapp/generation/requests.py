@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from chatapp.generation.engine import aget_engine
 from chatapp.prompts.services import builder_for
@@ -40,20 +40,13 @@ class Job:
     # Which conversation this is, for worker affinity (chatapp.generation.router).
     affinity: str = ""
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
     @classmethod
     def from_dict(cls, data: dict) -> Job:
+        """The job dataclasses.asdict() made, after a trip through JSON (tuples as lists)."""
         options = dict(data.get("options") or {})
         options["stop"] = tuple(options.get("stop") or ())
-        return cls(
-            prompt_ids=tuple(data["prompt_ids"]),
-            cache_salt=data["cache_salt"],
-            options=Options(**options),
-            request_id=data["request_id"],
-            affinity=data.get("affinity", ""),
-        )
+        return cls(**{**data, "prompt_ids": tuple(data["prompt_ids"]),
+                      "options": Options(**options)})
 
 
 def stop_token_ids(tokenizer) -> list[int]:

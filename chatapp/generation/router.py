@@ -46,26 +46,21 @@ def choose_queue(
 
 
 def preferred_worker(reply: Message) -> str:
-    """The engine most likely to hold the prompt of `reply` in its prefix cache."""
-    served = (
-        Message.objects.filter(conversation_id=reply.conversation_id,
-                               role=Message.Role.ASSISTANT)
-        .exclude(served_by="").exclude(pk=reply.pk)
-        .order_by("-id").values_list("served_by", flat=True).first()
+    """The engine most likely to hold the prompt of `reply` in its prefix cache: the one
+    that served the conversation's last reply, else the same owner's and preset's."""
+
+    def last_server(**filters) -> str:
+        return (
+            Message.objects.filter(role=Message.Role.ASSISTANT, **filters)
+            .exclude(served_by="").exclude(pk=reply.pk)
+            .order_by("-id").values_list("served_by", flat=True).first()
+        ) or ""
+
+    return last_server(conversation_id=reply.conversation_id) or last_server(
+        conversation__owner_id=reply.conversation.owner_id,
+        conversation__preset_id=reply.conversation.preset_id,
+        conversation__preset_version=reply.conversation.preset_version,
     )
-    if served:
-        return served
-    conversation = reply.conversation
-    return (
-        Message.objects.filter(
-            role=Message.Role.ASSISTANT,
-            conversation__owner_id=conversation.owner_id,
-            conversation__preset_id=conversation.preset_id,
-            conversation__preset_version=conversation.preset_version,
-        )
-        .exclude(served_by="").exclude(pk=reply.pk)
-        .order_by("-id").values_list("served_by", flat=True).first()
-    ) or ""
 
 
 def live_candidates() -> list[Candidate]:

@@ -1,10 +1,8 @@
 """The Celery worker's side: its queue, its engine, its heartbeat, and running one task.
 
-`celery -A chatapp worker --hostname=worker@%h` needs no -Q: the worker consumes the
-shared queue (task_default_queue) and adds its own queue here, named after its
-hostname. Its engine id is that hostname too, so the dashboard shows one row per worker
-and the reply's `served_by` names the queue the router sends the next turn to. The pool
-child (concurrency 1) loads the engine as it starts and beats into the registry.
+The worker adds its own queue, named after its hostname (so no -Q is needed). Its
+engine id is that hostname too, so the dashboard shows one row per worker and the
+reply's `served_by` names the queue the router sends the next turn to.
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             )
             ids = [reply.pk]
         for reply_id in ids:
-            await replies.arequest_stop(reply_id)
+            await database_sync_to_async(replies.request_stop)(reply_id)
 
     async def on_select(self, data: dict) -> None:
         await database_sync_to_async(services.conversation_select_leaf)(
