@@ -28,6 +28,13 @@ def _error_page(request: HttpRequest, error: ChatError) -> HttpResponse:
     return render(request, "chat/error.html", {"error": error.message}, status=error.http_status)
 
 
+def _tree(conversation) -> dict:
+    """The conversation and its whole message tree, as the page's script reads them."""
+    messages = selectors.conversation_messages(conversation=conversation)
+    return {"conversation": conversation_dict(conversation),
+            "messages": [message_dict(m) for m in messages]}
+
+
 def _page(request: HttpRequest, conversation=None) -> HttpResponse:
     search = request.GET.get("q", "")
     context = {
@@ -39,12 +46,7 @@ def _page(request: HttpRequest, conversation=None) -> HttpResponse:
         "max_chars": settings.MAX_USER_MESSAGE_CHARS,
     }
     if conversation is not None:
-        context["initial"] = {
-            "conversation": conversation_dict(conversation),
-            "messages": [
-                message_dict(m) for m in selectors.conversation_messages(conversation=conversation)
-            ],
-        }
+        context["initial"] = _tree(conversation)
     return render(request, "chat/chat.html", context)
 
 
@@ -66,13 +68,7 @@ def conversation_page(request: HttpRequest, conversation_id: int) -> HttpRespons
 @require_GET
 def conversation_messages(request: HttpRequest, conversation_id: int) -> JsonResponse:
     """The whole message tree: the page reloads it when it missed stream events."""
-    conversation = _conversation_or_404(request, conversation_id)
-    return JsonResponse({
-        "conversation": conversation_dict(conversation),
-        "messages": [
-            message_dict(m) for m in selectors.conversation_messages(conversation=conversation)
-        ],
-    })
+    return JsonResponse(_tree(_conversation_or_404(request, conversation_id)))
 
 
 @login_required
