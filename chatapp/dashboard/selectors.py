@@ -9,7 +9,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError
-from django.db.models import Avg, Count, Sum
+from django.db.models import Avg, Count, F, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from chatapp.chat.models import Message
@@ -78,10 +79,6 @@ def dashboard_figures(*, reports: list[EngineReport] | None = None) -> dict:
 
 # --- per preset ------------------------------------------------------------------------
 
-def _finished_replies():
-    return Message.objects.filter(role=Message.Role.ASSISTANT, prompt_tokens__isnull=False)
-
-
 def shared_prefix_lengths(keys) -> dict[tuple[str, str], int | None]:
     """The block-aligned system segment length of each (preset, version): from the prompts
     this process recorded, else rendered with the loaded engine's tokenizer."""
@@ -99,10 +96,7 @@ def shared_prefix_lengths(keys) -> dict[tuple[str, str], int | None]:
         if engine is None:
             continue
         try:
-            ids = builder_for(engine.tokenizer).system_segment(
-                key[0], key[1] or None
-            )
-            found[key] = len(ids)
+            found[key] = len(builder_for(engine.tokenizer).system_segment(key[0], key[1] or None))
         except Exception:  # a preset removed since: the row stays, without a length
             log.debug("no system segment for %s", key, exc_info=True)
     return found
@@ -110,38 +104,27 @@ def shared_prefix_lengths(keys) -> dict[tuple[str, str], int | None]:
 
 def preset_rows(*, since: datetime | None = None) -> list[dict]:
     """Per system prompt (preset and version): replies, tokens, hit rate, shared prefix."""
-    qs = _finished_replies()
+    qs = Message.objects.filter(role=Message.Role.ASSISTANT, prompt_tokens__isnull=False)
     if since is not None:
         qs = qs.filter(created_at__gte=since)
     rows = list(
-        qs.values("conversation__preset_id", "conversation__preset_version")
+        qs.values(preset_id=F("conversation__preset_id"),
+                  preset_version=F("conversation__preset_version"))
         .annotate(
             requests=Count("id"),
             conversations=Count("conversation", distinct=True),
-            prompt_tokens=Sum("prompt_tokens"),
-            cached_tokens=Sum("cached_tokens"),
-            completion_tokens=Sum("completion_tokens"),
+            prompt_tokens=Coalesce(Sum("prompt_tokens"), 0),
+            cached_tokens=Coalesce(Sum("cached_tokens"), 0),
+            completion_tokens=Coalesce(Sum("completion_tokens"), 0),
             ttft_avg=Avg("ttft"),
         )
-        .order_by("conversation__preset_id", "conversation__preset_version")
+        .order_by("preset_id", "preset_version")
     )
-    keys = [(r["conversation__preset_id"], r["conversation__preset_version"]) for r in rows]
-    shared = shared_prefix_lengths(keys)
-    out = []
-    for row, key in zip(rows, keys, strict=True):
-        out.append({
-            "preset_id": key[0],
-            "preset_version": key[1],
-            "requests": row["requests"],
-            "conversations": row["conversations"],
-            "prompt_tokens": row["prompt_tokens"] or 0,
-            "cached_tokens": row["cached_tokens"] or 0,
-            "completion_tokens": row["completion_tokens"] or 0,
-            "hit_rate": stats.ratio(row["cached_tokens"] or 0, row["prompt_tokens"] or 0),
-            "ttft_avg": row["ttft_avg"],
-            "shared_prefix_len": shared.get(key),
-        })
-    return out
+    shared = shared_prefix_lengths([(r["preset_id"], r["preset_version"]) for r in rows])
+    for row in rows:
+        row["hit_rate"] = stats.ratio(row["cached_tokens"], row["prompt_tokens"])
+        row["shared_prefix_len"] = shared.get((row["preset_id"], row["preset_version"]))
+    return rows
 
 
 # --- recent requests ---------------------------------------------------------------------
