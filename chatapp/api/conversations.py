@@ -6,6 +6,7 @@ chatapp.generation.replies; nothing here changes a conversation by itself.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 
@@ -100,7 +101,7 @@ async def reply_stream(
     await layer.group_add(group, channel)
     # A reply queued for a worker (remote) streams through the same group; it goes on
     # if this client leaves, as a long generation should.
-    task = None if remote else replies.run_in_background(reply_id)
+    task = None if remote else asyncio.create_task(replies.run_reply(reply_id))
     try:
         yield _sse("message.created", first)
         while True:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from chatapp.chat import selectors
 from chatapp.chat.errors import sentence
 from chatapp.prompts.errors import PromptError
 from chatapp.prompts.profile import record_prompt
@@ -51,14 +52,14 @@ def build_reply_prompt(*, tokenizer, conversation, history: list) -> PromptPlan:
     return plan
 
 
-def conversation_prompt_ids(*, tokenizer, conversation, branch: list) -> list[int]:
-    """The ids the conversation's next turn starts with: its system segment and every
-    stored segment of `branch` (root first), up to the first message without ids."""
+def conversation_prompt_ids(*, tokenizer, conversation) -> list[int]:
+    """The ids the conversation's next turn starts with: its system segment, then the
+    stored segments of its current branch up to the first message without ids."""
     try:
         ids = _system_ids(builder_for(tokenizer), conversation)
     except PromptError:
         return []
-    for message in branch:
+    for message in selectors.current_branch(conversation=conversation):
         if not message.token_ids:
             break
         ids.extend(message.token_ids)

@@ -51,10 +51,6 @@ def hand_off(reply: Message) -> bool:
     return True
 
 
-def run_in_background(reply_id: int) -> asyncio.Task:
-    return asyncio.create_task(run_reply(reply_id))
-
-
 async def start(reply: Message) -> asyncio.Task | None:
     """Start generating `reply`: the task when it runs here, None when a worker has it."""
     try:
@@ -63,7 +59,7 @@ async def start(reply: Message) -> asyncio.Task | None:
         # The user's message is kept; every tab sees the reply (marked failed) end.
         await _announce_failed(reply.pk)
         raise
-    return None if remote else run_in_background(reply.pk)
+    return None if remote else asyncio.create_task(run_reply(reply.pk))
 
 
 async def wait(reply_id: int, *, remote: bool, poll_s: float = 0.2) -> None:
@@ -110,12 +106,6 @@ def delete_conversation(*, conversation: Conversation) -> None:
     conversation.delete()
 
 
-def _prewarm_ids(conversation: Conversation, tokenizer) -> list[int]:
-    branch = selectors.current_branch(conversation=conversation)
-    return prompting.conversation_prompt_ids(tokenizer=tokenizer, conversation=conversation,
-                                             branch=branch)
-
-
 async def prewarm(conversation: Conversation) -> int:
     """Bring the conversation's blocks back into this process's engine from its host/disk
     tier (bounded by CHAT_PREWARM_MAX_BLOCKS; skipped when this engine is not loaded or
@@ -128,7 +118,9 @@ async def prewarm(conversation: Conversation) -> int:
         max_new_tokens=settings.CHAT_MAX_NEW_TOKENS
     ):
         return 0
-    ids = await database_sync_to_async(_prewarm_ids)(conversation, engine.tokenizer)
+    ids = await database_sync_to_async(prompting.conversation_prompt_ids)(
+        tokenizer=engine.tokenizer, conversation=conversation
+    )
     if not ids:
         return 0
     salt = await database_sync_to_async(cache_salt_for)(conversation.owner)
@@ -176,11 +168,6 @@ async def _announce_failed(reply_id: int, error: str | None = None) -> dict:
     await publish(group, {"type": "message.done", "message_id": reply_id, "seq": 1,
                           "message": final})
     return final
-
-
-def _finish(reply_id: int, lease: str, fields: dict) -> dict | None:
-    done = lifecycle.reply_finish_held(reply_id=reply_id, lease=lease, **fields)
-    return None if done is None else message_dict(done)
 
 
 async def run_reply(reply_id: int, *, lease: str = "") -> dict:
@@ -299,9 +286,12 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
     fields["prefix_cache"] = receipts.receipt(
         getattr(last, "prefix_cache", None), diverged, builder.block_size
     )
-    final = await database_sync_to_async(_finish)(reply_id, lease, fields)
-    if final is None:
+    done = await database_sync_to_async(lifecycle.reply_finish_held)(
+        reply_id=reply_id, lease=lease, **fields
+    )
+    if done is None:
         return {}
+    final = message_dict(done)
     await _publish_reply(group, {"type": "message.done", "message_id": reply_id,
                                  "seq": batcher.seq + 1, "message": final})
     return final
