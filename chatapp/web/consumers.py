@@ -33,6 +33,7 @@ refused by AllowedHostsOriginValidator (HTTP 403 before the socket opens).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -223,12 +224,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
         value = data.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int | str):
-            raise InvalidInput(f'"{key}" must be a message id.')
-        try:
-            return int(value)
-        except ValueError:
-            raise InvalidInput(f'"{key}" must be a message id.') from None
+        if not isinstance(value, bool) and isinstance(value, int | str):
+            with contextlib.suppress(ValueError):
+                return int(value)
+        raise InvalidInput(f'"{key}" must be a message id.')
 
     @classmethod
     def required_id(cls, data: dict) -> int:
