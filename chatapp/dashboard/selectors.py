@@ -14,8 +14,9 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from chatapp.chat.models import Message
-from chatapp.dashboard import engines, stats
+from chatapp.dashboard import charts, engines, history, stats
 from chatapp.dashboard.models import EngineStatus
+from chatapp.prompts.profile import profile_prompts, recent_prompts
 from chatapp.prompts.services import builder_for
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,6 @@ def dashboard_figures(*, reports: list[EngineReport] | None = None) -> dict:
 def shared_prefix_lengths(keys) -> dict[tuple[str, str], int | None]:
     """The block-aligned system segment length of each (preset, version): from the prompts
     this process recorded, else rendered with the loaded engine's tokenizer."""
-    from chatapp.prompts.profile import recent_prompts
-
     found: dict[tuple[str, str], int | None] = {}
     for p in recent_prompts():
         if p.preset_id and p.shared_prefix_len is not None:
@@ -232,8 +231,6 @@ def recent_requests(*, reports: list[EngineReport], limit: int = RECENT_ROWS) ->
 
 def prompt_profile(*, limit: int = PROFILE_PROMPTS):
     """The prompt manager's profile of this process's recent prompts (None without a model)."""
-    from chatapp.prompts.profile import profile_prompts, recent_prompts
-
     engine = engines.local_engine()
     prompts = recent_prompts(limit=limit)
     if engine is None or not prompts:
@@ -246,8 +243,6 @@ def prompt_profile(*, limit: int = PROFILE_PROMPTS):
 
 def page_data(*, range_name: str = "hour", now: datetime | None = None) -> dict:
     """Everything the dashboard shows and its JSON endpoint returns (JSON-safe)."""
-    from chatapp.dashboard import charts, history
-
     now = now or timezone.now()
     range_name = range_name if range_name in history.RANGES else "hour"
     reports = engine_reports(now=now)
