@@ -1,6 +1,7 @@
 """The C kernels of the CPU path (csrc/), compiled for this machine on first use:
 the causal softmax of scores held whole, a gather of K/V into head-major order,
-decode attention read in place through block tables, and RMSNorm.
+decode attention read in place through block tables, RMSNorm, and matmuls of a few
+rows against int8/int4 weights (see kernels.quant_linear).
 
 On a CPU with AVX512-BF16 the sources are built once with the system's C compiler
 into a per-user cache and loaded with ctypes: a second or so, once. Where there is
