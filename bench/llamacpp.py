@@ -320,6 +320,8 @@ async def phase(
         "workload": workload.describe(),
         "concurrency": concurrency,
         "ignore_eos": ignore_eos,
+        # The host's load moves every figure: kept beside each phase to read them by.
+        "load_average": os.getloadavg(),
         "warmup": warm,
         "summary": summarize(records, seconds),
         "by_turn": by_turn(records),
