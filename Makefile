@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint bench bench-multiturn bench-serve clean
+.PHONY: install run test lint bench bench-multiturn bench-serve bench-llamacpp clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ bench-multiturn: install
 URL ?= http://127.0.0.1:8000
 bench-serve: install
 	$(PY) -m bench serve --url $(URL) --api-key "$(API_KEY)" $(BENCH_ARGS)
+
+# make bench-llamacpp [BENCH_ARGS="--quick --pairs int8,int4"]: llama.cpp's llama-server is
+# built once from source (cached outside the repo, ~15 min at -j1), then compared with ours.
+bench-llamacpp: install
+	$(PY) -m bench llamacpp build
+	$(PY) -m bench llamacpp compare $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
