@@ -35,7 +35,6 @@ class WorkerState:
     queue: str
     active: int
     seen: float  # unix time of the last beat
-    ready: bool = True  # its engine is loaded
 
 
 def own_queue(worker_name: str) -> str:
@@ -66,6 +65,7 @@ def client():
 
 
 def beat(worker_name: str, *, active: int, ready: bool = True) -> None:
+    """Record the worker as alive; `ready` (its engine is loaded) is for people and tests."""
     record = {"queue": own_queue(worker_name), "active": active, "seen": time.time(),
               "ready": ready}
     client().hset(_registry_key(), worker_name, json.dumps(record))
@@ -83,8 +83,7 @@ def workers() -> list[WorkerState]:
             record = json.loads(raw)
             out.append(WorkerState(name=name.decode(), queue=record["queue"],
                                    active=int(record.get("active", 0)),
-                                   seen=float(record["seen"]),
-                                   ready=bool(record.get("ready", True))))
+                                   seen=float(record["seen"])))
         except (ValueError, KeyError, TypeError):
             continue
     return out
