@@ -89,13 +89,9 @@ async def reply_stream(
     *, reply_id: int, group: str, first: dict, on_close: Callable[[], None],
     remote: bool = False,
 ) -> AsyncIterator[bytes]:
-    """Generate reply `reply_id` and relay its events as server-sent events.
-
-    Events: `message.created` (the turn), `message.started`, `message.delta` (text,
-    numbered), `message.done` (the final message). The stream listens to the same
-    channel-layer group as the chat page, so a page watching the conversation sees
-    the reply too. If the client goes away, the reply is stopped (kept as 'stopped').
-    """
+    """Generate reply `reply_id` and relay its events, from the chat page's own group (a
+    page watching the conversation sees the reply too), as server-sent events. If the
+    client goes away, a reply generated here is stopped (kept as 'stopped')."""
     layer = get_channel_layer()
     channel = await layer.new_channel()
     await layer.group_add(group, channel)

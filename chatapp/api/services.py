@@ -70,12 +70,9 @@ def api_key_touch(*, key: ApiKey) -> None:
 
 
 def replies_remember(*, tenant: str, replies: Iterable[tuple[str, list[int]]]) -> None:
-    """Remember the generated ids of each (text, ids) for API_REMEMBER_IDS_TTL_S seconds.
-
-    A later request that sends the same text back as an assistant message gets these
-    ids spliced into its prompt instead of a fresh encoding of the text, which could
-    tokenize differently and miss the cache from there on.
-    """
+    """Remember the generated ids of each (text, ids) for API_REMEMBER_IDS_TTL_S seconds:
+    a request sending the text back as an assistant message gets them spliced into its
+    prompt (a fresh encoding could tokenize differently and miss the cache from there)."""
     now = timezone.now()
     expires = now + timedelta(seconds=settings.API_REMEMBER_IDS_TTL_S)
     for text, ids in replies:

@@ -41,12 +41,9 @@ class Claim:
 def reply_claim(*, reply_id: int, holder: str, reclaim_own: bool = False) -> tuple[str, str]:
     """Take reply `reply_id` for generation by `holder` (a worker); returns (Claim, lease).
 
-    A task can be delivered more than once (a redelivery after a worker vanished, or a
-    duplicate): the row lock makes exactly one delivery win. A reply still streaming is
-    held by a live generation while its heartbeat is fresh; once the heartbeat is older
-    than CHAT_STALE_REPLY_S its generation is taken to be dead and is replaced.
-    `reclaim_own`: the holder runs one task at a time, so if it holds the reply already,
-    that generation died with its process (a killed pool child): replace it at once.
+    The row lock makes one of several deliveries of a task win (README, "Workers",
+    Reliability). `reclaim_own`: the holder runs one task at a time, so a reply it holds
+    already lost its generation with its process (a killed pool child).
     """
     reply = (
         Message.objects.select_for_update()

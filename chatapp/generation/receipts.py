@@ -1,13 +1,7 @@
-"""A reply's cache receipt: where its prompt's prefix-cache match ended, and why.
-
-The engine says how many prompt tokens matched (and how many came back from the
-host/disk tier) and why its match ended: the next block was evicted (from the pool,
-or from the tier too), is cached for another tenant only ("salt"), or was never
-computed. The chat adds what only it knows: the conversation's previous turn. When
-this prompt does not extend the previous turn's prompt and reply (an edit, a
-regenerated earlier turn), the match ends where they differ: "diverged", naming the
-message and the segment there. A match that ends only at tokens never seen before,
-after reusing everything seen, is "full".
+"""A reply's cache receipt (its reasons: README, "Run the service"): the engine's record
+of where the prompt's prefix-cache match ended, plus what only the chat knows, the
+previous turn. A prompt that does not extend the previous turn's prompt and reply (an
+edit, a regenerated earlier turn) "diverged" where they differ.
 """
 
 from __future__ import annotations

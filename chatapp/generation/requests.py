@@ -1,12 +1,10 @@
 """One way to run a generation, for every caller: chat replies, the conversations API
 (through chatapp.generation.replies) and /v1.
 
-A `Job` is a planned prompt plus request options; it is plain data, so a Celery
-worker can run it as well as this process. Sampling parameters, stop ids and the
-context limit come from here alone, against the engine that runs the job (its own
-`max_model_len`: the least of the setting, the model's positions and the KV pool).
-`Generation` streams the engine's outputs and keeps what a caller reports at the
-end: each sample's text, ids and finish reason, and the usage.
+A `Job` is plain data, so a Celery worker can run it as well as this process. Sampling
+parameters, stop ids and the context limit come from here alone, against the engine
+that runs the job (its own `max_model_len`). `Generation` streams the engine's outputs
+and keeps what a caller reports at the end.
 """
 
 from __future__ import annotations

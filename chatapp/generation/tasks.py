@@ -18,11 +18,8 @@ from chatapp.generation.lifecycle import Claim
     max_retries=None,
 )
 def generate_reply(self, reply_id: int) -> dict:
-    """Generate the pending reply `reply_id`, streaming it to its conversation's group.
-
-    Idempotent by reply id: a copy delivered while another generation holds the reply
-    comes back later; one delivered after the reply ended does nothing.
-    """
+    """Generate the pending reply `reply_id`, streaming it to its conversation's group;
+    idempotent by reply id (a copy delivered while another generation holds it retries)."""
     result = worker.generate(reply_id, holder=worker.worker_name(self.request.hostname))
     if result["outcome"] == Claim.BUSY:
         raise self.retry(countdown=max(1.0, settings.CHAT_HEARTBEAT_S))

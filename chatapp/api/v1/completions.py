@@ -1,10 +1,6 @@
-"""Chat completions: an OpenAI-style request through the stable prompt path to a
-generation (chatapp.generation.requests), here or on a worker, and back as OpenAI bodies.
-
-The prompt comes from the process's one PromptBuilder, the same block-aligned path
-as the chat UI; assistant messages whose text this tenant's earlier replies produced
-are spliced back as the exact ids generated (see RememberedReply). The request runs
-under the key's tenant salt, so tenants never share blocks.
+"""Chat completions: an OpenAI-style request through the chat's block-aligned prompt path
+to a generation (chatapp.generation.requests), here or on a worker, and back as OpenAI
+bodies, under the key's tenant salt (README, "REST API": remembered reply ids).
 """
 
 from __future__ import annotations
