@@ -301,19 +301,18 @@ def _final_fields(builder, last, *, error: str) -> dict:
     generated = list(last.token_ids) if last is not None else []
     reason = last.finish_reason if last is not None and last.finished else None
     if error or reason == "error":
-        status = Message.Status.ERROR
+        status, reason = Message.Status.ERROR, "error"
         error = error or (last.error if last is not None else "") or "Generation failed."
     elif reason in ("stop", "length"):
         status = Message.Status.DONE
     else:  # aborted, cancelled, or the stream ended early
-        status = Message.Status.STOPPED
-        reason = "abort"
+        status, reason = Message.Status.STOPPED, "abort"
     fields = {
         "status": status,
         "content": last.text if last is not None else "",
         "generated_token_ids": generated,
-        "finish_reason": reason or ("error" if status == Message.Status.ERROR else ""),
-        "error": error if status == Message.Status.ERROR else "",
+        "finish_reason": reason,
+        "error": error,
     }
     if status != Message.Status.ERROR:
         fields["segment_token_ids"] = builder.assistant_segment(generated, reason == "stop")
