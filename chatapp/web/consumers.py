@@ -197,24 +197,20 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def announce(self, *messages) -> None:
         """Tell every tab about the new messages, then start generating the reply. One
         generated here stops when this socket closes; a worker's goes on."""
-        conversation = await database_sync_to_async(self.reload_conversation)()
+        await database_sync_to_async(self.conversation.refresh_from_db)()
         for message in messages:
             await publish(self.group, {"type": "message.created", "message": message_dict(message)})
         await publish(self.group, {"type": "conversation.updated",
-                                   "conversation": conversation_dict(conversation)})
+                                   "conversation": conversation_dict(self.conversation)})
         reply = messages[-1]
         task = await replies.start(reply)
         if task is not None:
             self.tasks[reply.pk] = task
             task.add_done_callback(lambda _t, pk=reply.pk: self.tasks.pop(pk, None))
 
-    def reload_conversation(self):
-        self.conversation.refresh_from_db()
-        return self.conversation
-
     async def conversation_still_exists(self) -> bool:
         try:
-            await database_sync_to_async(self.reload_conversation)()
+            await database_sync_to_async(self.conversation.refresh_from_db)()
         except self.conversation.DoesNotExist:
             return False
         return True
