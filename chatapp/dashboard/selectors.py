@@ -199,7 +199,7 @@ def recent_requests(*, reports: list[EngineReport], limit: int = RECENT_ROWS) ->
             conv = reply.conversation
             preset = f"{conv.preset_id}@{conv.preset_version}" if conv.preset_version else conv.preset_id
             shared_prefix = shared.get((conv.preset_id, conv.preset_version))
-            before = reply.parent.parent if reply.parent_id and reply.parent else None
+            before = reply.parent.parent if reply.parent else None
             if before is not None and before.prompt_tokens is not None:
                 previous_computed = before.prompt_tokens + (before.completion_tokens or 0) - 1
         reusable, cause = match_cause(prompt=prompt, cached=cached, block_size=bs,
@@ -215,8 +215,7 @@ def recent_requests(*, reports: list[EngineReport], limit: int = RECENT_ROWS) ->
             "match_end_block": cached // bs if bs else None,
             "reusable_tokens": reusable,
             "cause": cause,
-            # The cache receipt: a chat reply's own (it knows the previous turn), else the
-            # engine's.
+            # A chat reply's own receipt (it knows the previous turn), else the engine's.
             "receipt": receipt_text(
                 reply.prefix_cache if reply is not None and reply.prefix_cache
                 else req.get("prefix_cache")
