@@ -106,12 +106,13 @@ def complete(job: dict, channel: str, *, holder: str) -> dict:
     """Run a /v1 request for the web process that streams it from `channel`; this worker
     then holds the conversation's prefix, so its next turn is routed here."""
     request = Job.from_dict(job)
-    with _busy():
-        result = asyncio.run(remote.serve(request, channel))
+    # Recorded first: the client may send its next turn as soon as the stream ends.
     try:
         registry.remember_affinity(request.affinity, holder)
     except Exception:
         log.warning("Recording the affinity of %s failed", request.request_id, exc_info=True)
+    with _busy():
+        result = asyncio.run(remote.serve(request, channel))
     return {**result, "request_id": request.request_id, "worker": holder}
 
 
