@@ -128,40 +128,13 @@ def preset_rows(*, since: datetime | None = None) -> list[dict]:
 
 # --- recent requests ---------------------------------------------------------------------
 
-def match_cause(
-    *, prompt: int, cached: int, block_size: int, shared_prefix: int | None,
-    previous_computed: int | None,
-) -> tuple[int | None, str]:
-    """How many tokens could have hit, and where the match ended against that.
-
-    previous_computed: tokens whose KV the conversation's previous turn computed (its
-    prompt and all but its last generated token); this turn's prompt extends them.
-    """
-    if not block_size:
-        return None, "cached" if cached else "cold: nothing cached"
-    cap = (max(prompt - 1, 0) // block_size) * block_size  # the last token is always computed
-    if previous_computed is not None:
-        reusable = min(cap, (max(previous_computed, 0) // block_size) * block_size)
-    elif shared_prefix is not None:
-        reusable = min(cap, shared_prefix)
-    else:
-        return None, "cached" if cached else "cold: nothing cached"
-    if cached >= reusable and cached > 0:
-        if previous_computed is not None:
-            return reusable, "full: ended at the end of the previous turn"
-        return reusable, "full: ended after the shared system prefix"
-    if cached == 0:
-        return reusable, "cold: nothing cached (first use, reset or evicted)"
-    if shared_prefix is not None and cached <= shared_prefix:
-        return reusable, "short: ended in the system prefix (history evicted or changed)"
-    return reusable, "short: ended inside the history (evicted or diverged)"
-
-
 def receipt_text(receipt: dict | None) -> str:
     """A receipt in a few words, as the chat page's usage line shows it."""
     if not receipt:
         return "—"
     text = receipt.get("reason", "?")
+    if text == "cold" and receipt.get("matched_tokens"):
+        text = "full"  # the engine's record: the match reused all it had, then new tokens
     if text == "evicted" and receipt.get("evicted_from"):
         text += f" from {receipt['evicted_from']}"
     if text == "diverged":
@@ -181,45 +154,32 @@ def _replies_by_request_id(request_ids: list[str]) -> dict[str, Message]:
 
 
 def recent_requests(*, reports: list[EngineReport], limit: int = RECENT_ROWS) -> list[dict]:
-    """The latest finished requests of every engine, with the cause of where their match ended."""
+    """The latest finished requests of every engine, with why their match ended there: a
+    chat reply's own receipt (it knows the previous turn), else the engine's."""
     items = []
     for r in reports:
         bs = r.snapshot.get("block_size") or 0
         for req in list(r.snapshot.get("recent_requests") or [])[-limit:]:
             items.append((r.engine_id, bs, req))
     replies = _replies_by_request_id([req.get("request_id", "") for _, _, req in items])
-    keys = {(m.conversation.preset_id, m.conversation.preset_version) for m in replies.values()}
-    shared = shared_prefix_lengths(keys) if keys else {}
     rows = []
     for engine_id, bs, req in reversed(items):
         reply = replies.get(req.get("request_id", ""))
-        prompt, cached = req.get("prompt_tokens") or 0, req.get("cached_tokens") or 0
-        preset = shared_prefix = previous_computed = None
+        cached = req.get("cached_tokens") or 0
+        preset = None
         if reply is not None:
             conv = reply.conversation
             preset = f"{conv.preset_id}@{conv.preset_version}" if conv.preset_version else conv.preset_id
-            shared_prefix = shared.get((conv.preset_id, conv.preset_version))
-            before = reply.parent.parent if reply.parent else None
-            if before is not None and before.prompt_tokens is not None:
-                previous_computed = before.prompt_tokens + (before.completion_tokens or 0) - 1
-        reusable, cause = match_cause(prompt=prompt, cached=cached, block_size=bs,
-                                      shared_prefix=shared_prefix,
-                                      previous_computed=previous_computed)
         rows.append({
             "engine_id": engine_id,
             "request_id": req.get("request_id", ""),
             "preset": preset,
-            "prompt_tokens": prompt,
+            "prompt_tokens": req.get("prompt_tokens") or 0,
             "cached_tokens": cached,
             "completion_tokens": req.get("completion_tokens"),
             "match_end_block": cached // bs if bs else None,
-            "reusable_tokens": reusable,
-            "cause": cause,
-            # A chat reply's own receipt (it knows the previous turn), else the engine's.
-            "receipt": receipt_text(
-                reply.prefix_cache if reply is not None and reply.prefix_cache
-                else req.get("prefix_cache")
-            ),
+            "cause": receipt_text(reply.prefix_cache if reply is not None and reply.prefix_cache
+                                  else req.get("prefix_cache")),
             "ttft": req.get("ttft"),
             "finish_reason": req.get("finish_reason"),
         })

@@ -32,21 +32,18 @@ def test_quantiles():
     assert stats.histogram_quantile([0.1, 1.0], [0, 0, 2], 0.5) == 1.0  # only +Inf
 
 
-def test_match_cause():
-    cause = selectors.match_cause
-    assert cause(prompt=200, cached=160, block_size=16, shared_prefix=64,
-                 previous_computed=170) == (160, "full: ended at the end of the previous turn")
-    assert cause(prompt=200, cached=64, block_size=16, shared_prefix=64,
-                 previous_computed=170)[1].startswith("short: ended in the system prefix")
-    assert cause(prompt=200, cached=96, block_size=16, shared_prefix=64,
-                 previous_computed=170)[1].startswith("short: ended inside the history")
-    assert cause(prompt=100, cached=64, block_size=16, shared_prefix=64,
-                 previous_computed=None) == (64, "full: ended after the shared system prefix")
-    assert cause(prompt=100, cached=0, block_size=16, shared_prefix=64,
-                 previous_computed=None)[1].startswith("cold")
-    # A whole-prompt hit still computes the last token: 64 tokens reuse at most 48.
-    assert cause(prompt=64, cached=48, block_size=16, shared_prefix=64,
-                 previous_computed=None)[0] == 48
+def test_why_a_match_ended_is_the_receipt_in_words():
+    text = selectors.receipt_text
+    assert text(None) == "—"
+    assert text({"reason": "full", "matched_tokens": 160, "tier_tokens": 0}) == "full"
+    # The engine's own record calls new tokens after a reused prefix cold: that is full.
+    assert text({"reason": "cold", "matched_tokens": 64, "tier_tokens": 0}) == "full"
+    assert text({"reason": "cold", "matched_tokens": 0, "tier_tokens": 0}) == "cold"
+    assert text({"reason": "evicted", "evicted_from": "tier", "matched_tokens": 32,
+                 "tier_tokens": 16}) == "evicted from tier, 16 restored"
+    assert text({"reason": "diverged", "diverged_at": 70, "diverged_message_id": 9,
+                 "diverged_segment": "new message", "matched_tokens": 64,
+                 "tier_tokens": 0}) == "diverged at token 70 (new message #9)"
 
 
 @pytest.mark.django_db

@@ -126,8 +126,6 @@ def test_recent_requests_say_where_each_match_ended(workload, staff_client):
     # Later turns reuse everything the previous turn computed.
     later = [r for r in replies if r.parent.parent_id is not None]
     assert later and all(by_id[r.request_id]["cause"].startswith("full") for r in later)
-    # Each row carries the reply's cache receipt, as the chat page shows it.
-    assert all(by_id[r.request_id]["receipt"].startswith("full") for r in later)
 
 
 def test_metrics_endpoint_has_the_cache_counters(workload, client):
