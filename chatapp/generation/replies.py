@@ -108,22 +108,21 @@ def delete_conversation(*, conversation: Conversation) -> None:
 
 async def prewarm(conversation: Conversation) -> int:
     """Bring the conversation's blocks back into this process's engine from its host/disk
-    tier (bounded by CHAT_PREWARM_MAX_BLOCKS; skipped when this engine is not loaded or
-    the conversation's replies go to workers); returns the blocks restored. Cancelling
-    the call (the page closed) leaves the engine as it was."""
-    engine = loaded_engine()
-    if not settings.CHAT_PREWARM or engine is None:
-        return 0
-    if await database_sync_to_async(dispatch.use_worker)(
+    tier (bounded by CHAT_PREWARM_MAX_BLOCKS; skipped when the conversation's replies go
+    to workers); returns the blocks restored. Waits for an engine still loading (a page
+    opened right after a restart); cancelling the call (the page closed) leaves the
+    engine as it was."""
+    if not settings.CHAT_PREWARM or await database_sync_to_async(dispatch.use_worker)(
         max_new_tokens=settings.CHAT_MAX_NEW_TOKENS
     ):
         return 0
+    engine = await aget_engine()
     ids = await database_sync_to_async(prompting.conversation_prompt_ids)(
         tokenizer=engine.tokenizer, conversation=conversation
     )
     if not ids:
         return 0
-    salt = await database_sync_to_async(cache_salt_for)(conversation.owner)
+    salt = await database_sync_to_async(lambda: cache_salt_for(conversation.owner))()
     return await engine.prewarm(ids, cache_salt=salt, max_blocks=settings.CHAT_PREWARM_MAX_BLOCKS,
                                 key=f"conversation-{conversation.pk}")
 

@@ -1,12 +1,15 @@
 """The KV tier through the real chat path on live daphne servers: a conversation's KV
 survives a restart with LLM_KV_DIR (its next turn hits everything it had computed; a
-corrupt file in the folder is skipped and logged), and a small pool without a tier
+corrupt file in the folder is skipped and logged; opening the conversation brings its
+blocks back before its next message), and a small pool without a tier
 says "evicted" when a conversation comes back after others pushed its blocks out."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
+import urllib.request
 
 import pytest
 from websockets.asyncio.client import connect
@@ -19,13 +22,26 @@ WAIT_S = 300  # bounds a hung test only
 BLOCK = 16
 
 
-async def _turns(server, client: dict, contents: list[str]) -> list[dict]:
-    """Each message in turn over one socket; the final reply of each."""
+def tier_restores(server) -> float:
+    """Blocks the server's engine has copied back from its host/disk tier (/metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "prefixchat:kv_tier_restores_total")
+
+
+async def _turns(server, client: dict, contents: list[str], before_sending=None) -> list[dict]:
+    """Each message in turn over one socket; the final reply of each. `before_sending`
+    runs (in a thread) once the socket is open, before the first message."""
     url = f"{server.ws_url}/ws/chat/{client['conversation_id']}/"
     headers = {"Cookie": f"sessionid={client['sessionid']}"}
     finals = []
     async with connect(url, additional_headers=headers, origin=server.url) as ws:
         assert json.loads(await asyncio.wait_for(ws.recv(), WAIT_S))["type"] == "hello"
+        if before_sending is not None:
+            await asyncio.to_thread(before_sending)
         for content in contents:
             await ws.send(json.dumps({"type": "send", "content": content}))
             reply_id = None
@@ -40,8 +56,8 @@ async def _turns(server, client: dict, contents: list[str]) -> list[dict]:
     return finals
 
 
-def turns(server, client, contents):
-    return asyncio.run(_turns(server, client, contents))
+def turns(server, client, contents, before_sending=None):
+    return asyncio.run(_turns(server, client, contents, before_sending))
 
 
 def held(final: dict) -> int:
@@ -70,8 +86,16 @@ def test_a_conversation_s_kv_survives_a_restart(tmp_path):
     corrupt.write_bytes(b"\x00garbage" * 100)
 
     server, proc = start_live_server(tmp_path, "kv-restart-2", **settings)
+
+    def prewarmed() -> None:
+        # Opening the conversation brings its blocks back before any message is sent.
+        deadline = time.monotonic() + 60
+        while tier_restores(server) == 0:
+            assert time.monotonic() < deadline, "opening the conversation restored nothing"
+            time.sleep(0.2)
+
     try:
-        [fourth] = turns(server, client, QUESTIONS[3:])
+        [fourth] = turns(server, client, QUESTIONS[3:], before_sending=prewarmed)
     finally:
         stop_live_server(proc)
     usage = fourth["usage"]
