@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("kernels.bench needs a CUDA device")
+        sys.exit("bench kernels-cuda needs a CUDA device")
     from kernels import triton_attention
 
     name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
