@@ -34,14 +34,42 @@ def _abort_key(request_id: str) -> str:
     return f"prefixchat:abort:{request_id}"
 
 
-def _output(data: dict):
-    from inference.outputs import PrefixCacheRecord, RequestOutput
+# The running text and ids grow with every token: a stream carries only the deltas,
+# and the whole of both once, with the output that finishes a sample (a stop string
+# may cut the text there).
+_CUMULATIVE = ("text", "token_ids")
 
-    names = {f.name for f in dataclasses.fields(RequestOutput)}
-    out = RequestOutput(**{k: v for k, v in data.items() if k in names})
-    if isinstance(out.prefix_cache, dict):
-        out.prefix_cache = PrefixCacheRecord(**out.prefix_cache)
-    return out
+
+def _message(out) -> dict:
+    data = dataclasses.asdict(out)
+    if not out.finished:
+        for key in _CUMULATIVE:
+            del data[key]
+    return {"type": "gen.output", "kind": "output", "output": data}
+
+
+class _Outputs:
+    """RequestOutputs again from the messages _message made, running text and ids
+    rebuilt from the deltas."""
+
+    def __init__(self):
+        from inference.outputs import PrefixCacheRecord, RequestOutput
+
+        self._make, self._record = RequestOutput, PrefixCacheRecord
+        self._names = {f.name for f in dataclasses.fields(RequestOutput)}
+        self._text: dict[int, str] = {}
+        self._ids: dict[int, list[int]] = {}
+
+    def __call__(self, data: dict):
+        i = data["index"]
+        if "text" not in data:
+            data["text"] = self._text.get(i, "") + data["text_delta"]
+            data["token_ids"] = self._ids.get(i, []) + list(data["new_token_ids"])
+        self._text[i], self._ids[i] = data["text"], data["token_ids"]
+        out = self._make(**{k: v for k, v in data.items() if k in self._names})
+        if isinstance(out.prefix_cache, dict):
+            out.prefix_cache = self._record(**out.prefix_cache)
+        return out
 
 
 # -- the web process's side ----------------------------------------------------------
@@ -59,12 +87,13 @@ async def relay(job: Job, queue: str) -> AsyncIterator:
     # Bounded like a reply a worker makes: the task's own time limit, plus its queueing.
     timeout = settings.CELERY_TASK_TIME_LIMIT + 60
     ended = False
+    output = _Outputs()
     try:
         while True:
             message = await asyncio.wait_for(layer.receive(channel), timeout)
             kind = message.get("kind")
             if kind == "output":
-                yield _output(message["output"])
+                yield output(message["output"])
             elif kind == "refused":
                 ended = True
                 raise InvalidRequestError(message["message"], message.get("param"),
@@ -99,8 +128,7 @@ async def serve(job: Job, channel: str) -> dict:
     reasons: dict[int, str] = {}
     try:
         async for out in run_here(job):
-            await _send(layer, channel, {"type": "gen.output", "kind": "output",
-                                         "output": dataclasses.asdict(out)})
+            await _send(layer, channel, _message(out))
             outputs += 1
             if out.finished:
                 reasons[out.index] = out.finish_reason

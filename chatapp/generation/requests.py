@@ -154,7 +154,7 @@ class Generation:
             self.ttft = out.ttft if out.ttft is not None else self.ttft
             self.prefix_cache = out.prefix_cache or self.prefix_cache
         choice = self.choices.setdefault(out.index, Choice(out.index))
-        choice.text, choice.token_ids = out.text, list(out.token_ids)
+        choice.text, choice.token_ids = out.text, out.token_ids  # a fresh list per output
         if out.finished:
             choice.engine_reason, choice.error = out.finish_reason, out.error
 
