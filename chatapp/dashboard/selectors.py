@@ -16,6 +16,7 @@ from django.utils import timezone
 from chatapp.chat.models import Message
 from chatapp.dashboard import charts, engines, history, stats
 from chatapp.dashboard.models import EngineStatus
+from chatapp.generation.receipts import shown_reason
 from chatapp.prompts.profile import profile_prompts, recent_prompts
 from chatapp.prompts.services import builder_for
 
@@ -132,9 +133,7 @@ def receipt_text(receipt: dict | None) -> str:
     """A receipt in a few words, as the chat page's usage line shows it."""
     if not receipt:
         return "—"
-    text = receipt.get("reason", "?")
-    if text == "cold" and receipt.get("matched_tokens"):
-        text = "full"  # the engine's record: the match reused all it had, then new tokens
+    text = shown_reason(receipt.get("reason", "?"), receipt.get("matched_tokens") or 0)
     if text == "evicted" and receipt.get("evicted_from"):
         text += f" from {receipt['evicted_from']}"
     if text == "diverged":

@@ -51,6 +51,12 @@ def divergence(*, reply: Message, plan, path: list[Message]) -> Divergence | Non
     return Divergence(at, None, "prompt")
 
 
+def shown_reason(reason: str, matched_tokens: int) -> str:
+    """The engine calls a match that reused all it had computed and then met new tokens
+    "cold"; for people that is "full": everything cacheable was reused."""
+    return "full" if reason == "cold" and matched_tokens > 0 else reason
+
+
 def receipt(record, diverged: Divergence | None, block_size: int) -> dict | None:
     """The receipt stored with a reply, from the engine's record (None: not admitted)."""
     if record is None:
@@ -62,6 +68,6 @@ def receipt(record, diverged: Divergence | None, block_size: int) -> dict | None
     if diverged is not None and record.matched_tokens >= diverged.index // block_size * block_size:
         out.update(reason="diverged", evicted_from=None, diverged_at=diverged.index,
                    diverged_message_id=diverged.message_id, diverged_segment=diverged.segment)
-    elif record.reason == "cold" and record.matched_tokens > 0:
-        out["reason"] = "full"
+    else:
+        out["reason"] = shown_reason(record.reason, record.matched_tokens)
     return out
