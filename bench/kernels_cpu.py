@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from bench.metrics import median_call_seconds
 from kernels import attention, cpu_kernels
 from kernels.attention import AttentionMetadata, paged_attention
 
@@ -32,18 +32,6 @@ HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
 DECODE_CASES = [(1, 32), (1, 1000), (32, 32), (32, 200), (16, 1000)]  # (sequences, context)
 SOFTMAX_CASES = [(82, 1490), (256, 1024), (82, 82)]  # (queries, context)
 RMS_NORM_CASES = [(1, 576), (32, 576), (256, 576)]  # (rows, hidden size)
-
-
-def _best_of(fn, iters: int) -> float:
-    """Median seconds of one call over iters calls, after a warm-up."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def decode_case(seqs: int, context: int):
@@ -63,11 +51,11 @@ def decode_case(seqs: int, context: int):
 
 def time_decode(seqs: int, context: int, iters: int) -> tuple[float, float]:
     q, k_cache, v_cache, meta = decode_case(seqs, context)
-    ours = _best_of(lambda: paged_attention(q, k_cache, v_cache, meta, DIM**-0.5), iters)
+    ours = median_call_seconds(lambda: paged_attention(q, k_cache, v_cache, meta, DIM**-0.5), iters)
     runs = cpu_kernels.runs_decode
     cpu_kernels.runs_decode = lambda cache: False  # the gather + flash path
     try:
-        torch_ops = _best_of(lambda: paged_attention(q, k_cache, v_cache, meta, DIM**-0.5), iters)
+        torch_ops = median_call_seconds(lambda: paged_attention(q, k_cache, v_cache, meta, DIM**-0.5), iters)
     finally:
         cpu_kernels.runs_decode = runs
     return ours, torch_ops
@@ -91,15 +79,15 @@ def time_softmax(n: int, context: int, iters: int) -> tuple[float, float]:
         work[:, :, context - n :].add_(mask)
         torch.softmax(work, dim=-1)
 
-    return _best_of(ours, iters), _best_of(torch_ops, iters)
+    return median_call_seconds(ours, iters), median_call_seconds(torch_ops, iters)
 
 
 def time_rms_norm(rows: int, dim: int, iters: int) -> tuple[float, float]:
     g = torch.Generator().manual_seed(rows * 13 + dim)
     x = (torch.randn(rows, dim, generator=g) * 3).bfloat16()
     weight = (torch.randn(dim, generator=g) * 0.3 + 1).bfloat16()
-    ours = _best_of(lambda: cpu_kernels.rms_norm(x, weight, 1e-5), iters)
-    torch_ops = _best_of(lambda: weight * F.rms_norm(x, (dim,), eps=1e-5), iters)
+    ours = median_call_seconds(lambda: cpu_kernels.rms_norm(x, weight, 1e-5), iters)
+    torch_ops = median_call_seconds(lambda: weight * F.rms_norm(x, (dim,), eps=1e-5), iters)
     return ours, torch_ops
 
 

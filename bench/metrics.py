@@ -9,7 +9,9 @@ the same way for the HTTP client and the in-process runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -183,3 +185,16 @@ def by_turn(records: Sequence[RequestRecord]) -> list[dict]:
 
 def later_turns(records: Sequence[RequestRecord], first: int = 2) -> list[RequestRecord]:
     return [r for r in records if r.turn >= first]
+
+
+def median_call_seconds(fn: Callable[[], object], iters: int) -> float:
+    """Median seconds of one call of fn over iters calls, after three warm-up calls."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+

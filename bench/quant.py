@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from bench.engine import decode_figures, greedy, run_engine
+from bench.metrics import median_call_seconds
 from inference import EngineConfig, LLMEngine
 from inference.config import DEFAULT_MODEL
 from kernels import cpu_kernels
@@ -35,18 +35,6 @@ WEIGHT_DTYPES = ("bf16", "int8", "int4")
 SHAPES = [(576, 1536), (1536, 576), (576, 49152)]  # (in, out)
 ROWS = (1, 4, 8)
 PROMPT = "Write a long story about a lighthouse keeper and the ships that pass."
-
-
-def per_call(fn, iters: int) -> float:
-    """Median microseconds of one call, after a warm-up."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def kernel_cases() -> dict[str, dict]:
@@ -118,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
             prefill[wd].append(len(long_prompt) / (run.end - run.start))
         for case, paths in cases.items():
             for path, fn in paths.items():
-                calls[case][path].append(per_call(fn, args.iters))
+                calls[case][path].append(median_call_seconds(fn, args.iters) * 1e6)
         print(f"round {r + 1}/{args.rounds}: decode tokens/s "
               + ", ".join(f"{wd} {decode[wd][-1]:.1f}" for wd in WEIGHT_DTYPES), flush=True)
 
