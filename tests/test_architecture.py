@@ -150,3 +150,31 @@ def test_the_walk_sees_the_packages():
             "chatapp.prompts", "chatapp.dashboard", "inference", "kernels"} <= set(GRAPH)
     assert "chatapp.chat" in GRAPH["chatapp.generation"]
     assert "kernels" in GRAPH["inference"]
+
+
+def _callers_of(name: str, *, imports: bool = True) -> set[str]:
+    """chatapp modules that call `name` (or import it, with imports)."""
+    found = set()
+    for path in (ROOT / "chatapp").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            called = isinstance(node, ast.Call) and (
+                getattr(node.func, "id", None) == name or getattr(node.func, "attr", None) == name
+            )
+            imported = imports and isinstance(node, ast.ImportFrom) and any(
+                a.name == name for a in node.names
+            )
+            if called or imported:
+                found.add(_module_name(path))
+    return found
+
+
+def test_one_prompt_builder_per_tokenizer():
+    # The process's builders come from builder_for (the linter builds its own, for a
+    # format and folder it is given); another cache would encode every system prompt again.
+    assert _callers_of("PromptBuilder", imports=False) == {"chatapp.prompts.services", "chatapp.prompts.lint"}
+
+
+def test_one_start_up_module_for_daphne_and_the_worker():
+    for name in ("start_sampler", "preload_in_background"):
+        assert _callers_of(name) == {"chatapp.startup"}, name
