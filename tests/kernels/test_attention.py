@@ -33,6 +33,38 @@ LONE_DECODE = [(140, 1)]
 DECODES = [(7, 1), (17, 1), (33, 1), (5, 1), (33, 1)]
 
 
+def build_step(shapes, num_heads, num_kv_heads, head_dim, dtype, bs=4, num_blocks=1024):
+    """A paged cache holding each sequence's cached part and a step's metadata for
+    its new tokens, stored as the model would; returns what paged_attention takes
+    plus the dense K/V and queries for the reference."""
+    torch.manual_seed(len(shapes) + head_dim)
+    k_cache = torch.zeros(num_blocks, bs, num_kv_heads, head_dim, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    perm = torch.randperm(num_blocks).tolist()
+    tables, ks, vs, queries, slots, qsl, lens = [], [], [], [], [], [0], []
+    for length, n in shapes:
+        table = [perm.pop() for _ in range(-(-length // bs))]
+        k = torch.randn(length, num_kv_heads, head_dim, dtype=dtype)
+        v = torch.randn(length, num_kv_heads, head_dim, dtype=dtype)
+        for pos in range(length - n):
+            k_cache[table[pos // bs], pos % bs] = k[pos]
+            v_cache[table[pos // bs], pos % bs] = v[pos]
+        tables.append(table)
+        ks.append(k)
+        vs.append(v)
+        queries.append(torch.randn(n, num_heads, head_dim, dtype=dtype))
+        slots += [table[p // bs] * bs + p % bs for p in range(length - n, length)]
+        qsl.append(qsl[-1] + n)
+        lens.append(length)
+    width = max(map(len, tables))
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    meta = AttentionMetadata(torch.tensor(slots), bt, qsl, lens)
+    new_k = torch.cat([k[L - n :] for k, (L, n) in zip(ks, shapes, strict=True)])
+    new_v = torch.cat([v[L - n :] for v, (L, n) in zip(vs, shapes, strict=True)])
+    store_kvcache(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
+    return torch.cat(queries), k_cache, v_cache, meta, (queries, ks, vs)
+
+
 @pytest.mark.parametrize(
     "shapes", [MIXED, LONE_DECODE, DECODES], ids=["mixed", "lone-decode", "decodes"]
 )
@@ -51,42 +83,15 @@ def test_paged_attention_matches_dense(
 
     held = {torch.float32, torch.bfloat16} if scores == "held-whole" else set()
     monkeypatch.setattr(attention, "_HELD_WHOLE_DTYPES", held)
-    torch.manual_seed(0)
-    bs, num_blocks = 4, 256
-    k_cache = torch.zeros(num_blocks, bs, num_kv_heads, head_dim, dtype=dtype)
-    v_cache = torch.zeros_like(k_cache)
-    perm = torch.randperm(num_blocks).tolist()  # out-of-order blocks
-    tables, dense_k, dense_v, queries, slots = [], [], [], [], []
-    qsl, seq_lens = [0], []
-    for L, n in shapes:
-        nb = -(-L // bs)
-        table = [perm.pop() for _ in range(nb)]
-        tables.append(table)
-        k = torch.randn(L, num_kv_heads, head_dim, dtype=dtype)
-        v = torch.randn(L, num_kv_heads, head_dim, dtype=dtype)
-        # The cached part is already in the pool; the new part is stored by store_kvcache.
-        for pos in range(L - n):
-            k_cache[table[pos // bs], pos % bs] = k[pos]
-            v_cache[table[pos // bs], pos % bs] = v[pos]
-        dense_k.append(k)
-        dense_v.append(v)
-        queries.append(torch.randn(n, num_heads, head_dim, dtype=dtype))
-        slots += [table[p // bs] * bs + p % bs for p in range(L - n, L)]
-        qsl.append(qsl[-1] + n)
-        seq_lens.append(L)
-    width = max(map(len, tables))
-    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
-    meta = AttentionMetadata(torch.tensor(slots), bt, qsl, seq_lens)
-    new_k = torch.cat([k[L - n :] for k, (L, n) in zip(dense_k, shapes, strict=True)])
-    new_v = torch.cat([v[L - n :] for v, (L, n) in zip(dense_v, shapes, strict=True)])
-    store_kvcache(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
-    q = torch.cat(queries)
+    q, k_cache, v_cache, meta, (queries, dense_k, dense_v) = build_step(
+        shapes, num_heads, num_kv_heads, head_dim, dtype, num_blocks=256
+    )
     out = paged_attention(q, k_cache, v_cache, meta, head_dim**-0.5)
     for i, (L, n) in enumerate(shapes):
         ref = dense_attention(
             queries[i].float(), dense_k[i].float(), dense_v[i].float(), head_dim**-0.5
         )
-        got = out[qsl[i] : qsl[i + 1]].float()
+        got = out[meta.query_start_loc[i] : meta.query_start_loc[i + 1]].float()
         assert (got - ref).abs().max().item() < tol, (L, n)
 
 

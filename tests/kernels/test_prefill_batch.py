@@ -11,47 +11,14 @@ from kernels.attention import (
     AttentionMetadata,
     group_short_prefills,
     paged_attention,
-    store_kvcache,
 )
-from tests.kernels.test_attention import dense_attention
+from tests.kernels.test_attention import build_step, dense_attention
 
 # (context length, query tokens).
 PROMPTS = [(16, 16)] * 5 + [(3, 3), (11, 11), (17, 17), (2, 2)]  # whole prompts, ragged
 OVER_PREFIX = [(40, 7), (21, 5), (64, 16), (33, 2), (50, 30), (18, 9)]  # chunks over a cache
 EQUAL = [(16, 16)] * 6 + [(5, 1)]  # in place, unpadded (then a decode)
 MIXED = OVER_PREFIX + PROMPTS + [(29, 1), (7, 1)] + [(300, 40), (900, 20)]  # decodes, long
-
-
-def build_step(shapes, num_heads, num_kv_heads, head_dim, dtype, bs=4, num_blocks=1024):
-    """A paged cache holding each sequence's cached part and a step's metadata for
-    its new tokens, stored as the model would; returns what paged_attention takes
-    plus the dense K/V and queries for the reference."""
-    torch.manual_seed(len(shapes) + head_dim)
-    k_cache = torch.zeros(num_blocks, bs, num_kv_heads, head_dim, dtype=dtype)
-    v_cache = torch.zeros_like(k_cache)
-    perm = torch.randperm(num_blocks).tolist()
-    tables, ks, vs, queries, slots, qsl, lens = [], [], [], [], [], [0], []
-    for length, n in shapes:
-        table = [perm.pop() for _ in range(-(-length // bs))]
-        k = torch.randn(length, num_kv_heads, head_dim, dtype=dtype)
-        v = torch.randn(length, num_kv_heads, head_dim, dtype=dtype)
-        for pos in range(length - n):
-            k_cache[table[pos // bs], pos % bs] = k[pos]
-            v_cache[table[pos // bs], pos % bs] = v[pos]
-        tables.append(table)
-        ks.append(k)
-        vs.append(v)
-        queries.append(torch.randn(n, num_heads, head_dim, dtype=dtype))
-        slots += [table[p // bs] * bs + p % bs for p in range(length - n, length)]
-        qsl.append(qsl[-1] + n)
-        lens.append(length)
-    width = max(map(len, tables))
-    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
-    meta = AttentionMetadata(torch.tensor(slots), bt, qsl, lens)
-    new_k = torch.cat([k[L - n :] for k, (L, n) in zip(ks, shapes, strict=True)])
-    new_v = torch.cat([v[L - n :] for v, (L, n) in zip(vs, shapes, strict=True)])
-    store_kvcache(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
-    return torch.cat(queries), k_cache, v_cache, meta, (queries, ks, vs)
 
 
 def spy(monkeypatch, name):
