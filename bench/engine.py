@@ -19,7 +19,6 @@ import gc
 import itertools
 import json
 import platform
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from bench.report import progress_log
 from bench.workloads import (
     FULL,
     QUICK,
@@ -43,12 +43,9 @@ from inference.sampling_params import SamplingParams
 
 DEFAULT_OUT = Path("bench-results/engine.json")
 _request_ids = itertools.count()
-_t0 = time.perf_counter()
 
 
-def log(msg: str) -> None:
-    # stdout carries only the JSON document.
-    print(f"[bench {time.perf_counter() - _t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+log = progress_log("bench")
 
 
 # --- workloads -----------------------------------------------------------------

@@ -56,7 +56,7 @@ from bench import conversations as wl
 from bench import llamacpp_build as lb
 from bench import serve
 from bench.metrics import by_turn, summarize
-from bench.report import plot_ttft_by_turn
+from bench.report import plot_ttft_by_turn, progress_log
 from inference.config import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,8 +71,7 @@ DECODE_PROMPT = (
 )
 
 
-def log(msg: str) -> None:
-    print(f"[bench llamacpp] {msg}", file=sys.stderr, flush=True)
+log = progress_log("bench llamacpp", clock=False)
 
 
 @dataclass(frozen=True)

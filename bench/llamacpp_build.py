@@ -29,6 +29,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from bench.report import progress_log
+
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -51,8 +53,7 @@ STAMP = "BUILT"
 GGUF_TYPES = ("Q4_1", "Q8_0", "BF16", "F16")
 
 
-def log(msg: str) -> None:
-    print(f"[bench llamacpp] {msg}", file=sys.stderr, flush=True)
+log = progress_log("bench llamacpp", clock=False)
 
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:

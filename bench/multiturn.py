@@ -36,7 +36,6 @@ import argparse
 import gc
 import itertools
 import json
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -62,7 +61,7 @@ from bench.metrics import (
     stats,
     summarize,
 )
-from bench.report import plot_ttft_by_turn, summary_table
+from bench.report import plot_ttft_by_turn, progress_log, summary_table
 from bench.workloads import chat_prompt_ids, next_turn_ids
 from inference.config import DEFAULT_MODEL, EngineConfig
 from inference.llm_engine import LLMEngine
@@ -71,11 +70,9 @@ from inference.sampling_params import InvalidRequestError
 DEFAULT_OUT = Path("bench-results/multiturn.json")
 DEFAULT_PLOT = Path("bench-results/multiturn.png")
 _ids = itertools.count()
-_t0 = time.perf_counter()
 
 
-def log(msg: str) -> None:
-    print(f"[multiturn {time.perf_counter() - _t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+log = progress_log("multiturn")
 
 
 @dataclass(frozen=True)

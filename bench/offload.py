@@ -32,7 +32,6 @@ import argparse
 import gc
 import itertools
 import json
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
@@ -44,17 +43,16 @@ from bench import conversations as wl
 from bench.engine import greedy, time_to_first_token
 from bench.metrics import RequestRecord, percentile, stats
 from bench.multiturn import ChatPrompts, system_result, warm_up
+from bench.report import progress_log
 from bench.workloads import chat_prompt_ids
 from inference.config import DEFAULT_MODEL, EngineConfig
 from inference.llm_engine import LLMEngine
 
 DEFAULT_OUT = Path("bench-results/offload.json")
 _ids = itertools.count()
-_t0 = time.perf_counter()
 
 
-def log(msg: str) -> None:
-    print(f"[offload {time.perf_counter() - _t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+log = progress_log("offload")
 
 
 @dataclass(frozen=True)

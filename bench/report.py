@@ -11,8 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+
+def progress_log(tag: str, *, clock: bool = True) -> Callable[[str], None]:
+    """A benchmark's progress lines on stderr (stdout may carry its JSON), "[tag 12.3s] msg"
+    with the seconds since this call where clock is set."""
+    start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        stamp = f" {time.perf_counter() - start:6.1f}s" if clock else ""
+        print(f"[{tag}{stamp}] {msg}", file=sys.stderr, flush=True)
+
+    return log
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}"

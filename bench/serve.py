@@ -28,20 +28,18 @@ import asyncio
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 from bench import conversations as wl
 from bench.metrics import RequestRecord, by_turn, cacheable_tokens, summarize
-from bench.report import plot_ttft_by_turn, summary_table
+from bench.report import plot_ttft_by_turn, progress_log, summary_table
 from inference.config import DEFAULT_MODEL
 
 DEFAULT_OUT = Path("bench-results/serve.json")
 
 
-def log(msg: str) -> None:
-    print(f"[bench serve] {msg}", file=sys.stderr, flush=True)
+log = progress_log("bench serve", clock=False)
 
 
 def base_url(url: str) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -30,17 +29,16 @@ import torch
 from bench import conversations as wl
 from bench.engine import greedy
 from bench.metrics import percentile
+from bench.report import progress_log
 from bench.workloads import chat_prompt_ids
 from inference.config import DEFAULT_MODEL, EngineConfig
 from inference.llm_engine import LLMEngine
 from inference.loader import load_tokenizer
 
 DEFAULT_OUT = Path("bench-results/shared_prefix.json")
-_t0 = time.perf_counter()
 
 
-def log(msg: str) -> None:
-    print(f"[shared-prefix {time.perf_counter() - _t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+log = progress_log("shared-prefix")
 
 
 def ttfts(engine: LLMEngine, prompts: list[list[int]], reply_tokens: int) -> list[float]:
