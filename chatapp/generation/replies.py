@@ -112,9 +112,11 @@ async def prewarm(conversation: Conversation) -> int:
     to workers); returns the blocks restored. Waits for an engine still loading (a page
     opened right after a restart); cancelling the call (the page closed) leaves the
     engine as it was."""
-    if not settings.CHAT_PREWARM or await database_sync_to_async(dispatch.use_worker)(
-        max_new_tokens=settings.CHAT_MAX_NEW_TOKENS
-    ):
+    # Without a host/disk tier nothing can come back: no engine load, no queries.
+    has_tier = settings.LLM_KV_DIR or settings.LLM_KV_OFFLOAD_BYTES
+    if not (settings.CHAT_PREWARM and has_tier) or await database_sync_to_async(
+        dispatch.use_worker
+    )(max_new_tokens=settings.CHAT_MAX_NEW_TOKENS):
         return 0
     engine = await aget_engine()
     ids = await database_sync_to_async(prompting.conversation_prompt_ids)(

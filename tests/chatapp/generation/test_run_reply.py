@@ -109,3 +109,21 @@ def test_deltas_are_batched_by_token_count():
     assert not batcher.due()
     batcher.add("", 1)
     assert not batcher.due()  # nothing visible to send yet
+
+
+async def test_prewarm_loads_nothing_without_a_kv_tier(alice, settings, monkeypatch):
+    """Without a host/disk tier nothing can come back, so opening a conversation neither
+    loads the model nor queries its history; with one it goes to the engine."""
+    asked = []
+
+    async def engine_wanted():
+        asked.append(True)
+        raise LookupError("the engine was asked for")
+
+    monkeypatch.setattr(generation, "aget_engine", engine_wanted)
+    conv = await database_sync_to_async(services.conversation_create)(owner=alice)
+    settings.LLM_KV_DIR, settings.LLM_KV_OFFLOAD_BYTES = None, None
+    assert await generation.prewarm(conv) == 0 and not asked
+    settings.LLM_KV_DIR = "/nonexistent"
+    with pytest.raises(LookupError):
+        await generation.prewarm(conv)
