@@ -20,7 +20,7 @@ from chatapp.api.v1.parsing import CompletionRequest
 from chatapp.chat.errors import sentence
 from chatapp.generation import dispatch, receipts, remote, router
 from chatapp.generation.engine import aget_tokenizer
-from chatapp.generation.requests import Generation, Job, Options, run_here
+from chatapp.generation.requests import Generation, Job, Options, run_here, stop_token_ids
 from chatapp.prompts.errors import PromptError
 from chatapp.prompts.services import builder_for, cache_salt_for
 
@@ -104,7 +104,8 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
         ),
         affinity=router.conversation_key(cache_salt=salt, plan=plan),
     )
-    return Prepared(job=job, tenant=tenant, stop_token_ids=sorted(builder.stop_token_ids))
+    # The ids the engine stops on (chatapp.generation.requests), the EOS included.
+    return Prepared(job=job, tenant=tenant, stop_token_ids=stop_token_ids(tokenizer))
 
 
 @dataclass
