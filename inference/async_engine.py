@@ -74,6 +74,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
         self._stopped = False
+        self._unsaved = True  # the pool may hold blocks kv_dir lacks (see _persist_some)
         # The newest prewarm per key: an older one still queued is superseded.
         self._prewarms: dict = {}
         # Prewarms under way: [job, prompt, salt, max_blocks, restored so far], one slice
@@ -176,6 +177,7 @@ class AsyncEngine:
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
                 continue
+            self._unsaved = True  # a step may cache blocks kv_dir lacks
             try:
                 outputs = self.engine.step()
             except Exception:  # the engine fails requests itself; this is the last guard
@@ -215,9 +217,12 @@ class AsyncEngine:
 
     def _persist_some(self) -> None:
         """While idle, write a few cached blocks to kv_dir, so a restart (or a crash)
-        loses little of what the pool holds."""
+        loses little of what the pool holds. Once a pass writes fewer than it may, all
+        is saved: idle passes after it scan nothing until the engine steps again."""
+        if not self._unsaved:
+            return
         try:
-            self.engine.persist_kv(max_blocks=16)
+            self._unsaved = self.engine.persist_kv(max_blocks=16) == 16
         except Exception:
             log.exception("writing KV blocks to disk failed")
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 
 import pytest
 import torch
@@ -307,5 +308,32 @@ def test_async_prewarm_runs_in_slices_on_the_step_thread(tiered):
         snap = engine.metrics_snapshot()
         assert snap["kv_tier_restores"] == 5
         assert snap["kv_tier_restore_seconds"]["count"] == 3  # one restore per slice
+    finally:
+        aengine.shutdown()
+
+
+def test_an_idle_async_engine_writes_its_pool_to_kv_dir_once(tiered, tmp_path, monkeypatch):
+    """Idle, the step thread saves what the pool holds (a crash then loses little), 16
+    blocks a pass; once all is saved it scans nothing until the engine steps again."""
+    engine = tiered(kv_offload_bytes=0, kv_dir=str(tmp_path))
+    passes = []
+    persist = engine.persist_kv
+    monkeypatch.setattr(engine, "persist_kv", lambda **kw: passes.append(persist(**kw))
+                        or passes[-1])
+    aengine = AsyncEngine(engine=engine)
+    try:
+        async def main():
+            async for _ in aengine.generate(rand_ids(80, 12), ONE):
+                pass
+
+        asyncio.run(main())
+        deadline = time.monotonic() + 30
+        while sum(passes) < 80 // BS or passes[-1] == 16:  # until all is saved
+            assert time.monotonic() < deadline, passes
+            time.sleep(0.05)
+        done = len(passes)
+        time.sleep(1.2)  # two more idle waits: nothing left to scan
+        assert len(passes) == done, passes
+        assert sum(passes) == len(list(tmp_path.glob("*.kv"))) >= 80 // BS
     finally:
         aengine.shutdown()
