@@ -28,6 +28,7 @@ from pathlib import Path
 from jinja2 import TemplateError
 
 from chatapp.prompts.errors import FormatError
+from chatapp.prompts.presets import templates_dir
 from chatapp.prompts.templating import parse_front_matter, sandbox_environment
 
 # Stands in for a message's content while probing the format; private-use code points
@@ -44,10 +45,8 @@ _PROBES = {"user": _AFTER_A_REPLY, "assistant": _AFTER_A_REPLY[:2], "system": _A
 ROLES = tuple(_PROBES)
 
 
-def formats_dir(base: Path | str | None = None) -> Path:
-    from chatapp.prompts.presets import templates_dir
-
-    return templates_dir(base) / "formats"
+def formats_dir() -> Path:
+    return templates_dir() / "formats"
 
 
 def _probe(role: str) -> list[dict[str, str]]:
@@ -158,25 +157,22 @@ def _load(source: str, path: str) -> ChatFormat:
     return ChatFormat(source, Path(path))
 
 
-def list_formats(*, base_dir: Path | str | None = None) -> list[ChatFormat]:
-    folder = formats_dir(base_dir)
-    paths = sorted(folder.glob("*.jinja")) if folder.is_dir() else []
+def list_formats() -> list[ChatFormat]:
+    paths = sorted(formats_dir().glob("*.jinja"))
     return [_load(p.read_text(encoding="utf-8"), str(p)) for p in paths]
 
 
-def get_format(name: str, *, base_dir: Path | str | None = None) -> ChatFormat:
-    for fmt in list_formats(base_dir=base_dir):
+def get_format(name: str) -> ChatFormat:
+    for fmt in list_formats():
         if fmt.name == name:
             return fmt
     raise FormatError(f"no chat format named {name!r}")
 
 
-def format_for_tokenizer(tokenizer, *, base_dir: Path | str | None = None) -> ChatFormat:
+def format_for_tokenizer(tokenizer) -> ChatFormat:
     """The shipped format whose special tokens the tokenizer has (most specific first)."""
     vocab = tokenizer.get_vocab()
-    candidates = sorted(
-        list_formats(base_dir=base_dir), key=lambda f: (-len(f.special_tokens), f.name)
-    )
+    candidates = sorted(list_formats(), key=lambda f: (-len(f.special_tokens), f.name))
     for fmt in candidates:
         if fmt.special_tokens and all(tok in vocab for tok in fmt.special_tokens):
             return fmt

@@ -215,9 +215,7 @@ def _preset_id(path: Path) -> str:
     return path.parent.name if path.parent.parent.name == "versions" else path.stem
 
 
-def lint_preset(
-    path: Path, source: str, *, tokenizer, chat_format=None, block_size=None, base_dir=None
-) -> LintResult:
+def lint_preset(path: Path, source: str, *, tokenizer) -> LintResult:
     from chatapp.prompts.services import PromptBuilder
 
     result = LintResult(path=path, kind="preset", name=_preset_id(path))
@@ -226,7 +224,7 @@ def lint_preset(
     result.problems += problems
     if fm.error or any(p.code == "syntax" for p in problems):
         return result
-    builder = PromptBuilder(tokenizer, chat_format, block_size, base_dir=base_dir)
+    builder = PromptBuilder(tokenizer)
     _check_preset_stability(source, fm.meta, builder, result)
     if preset is None:
         # Say what the production sandbox does with it, too (an undefined clock, a SecurityError).
@@ -263,7 +261,7 @@ def lint_preset(
         result.problems.append(Problem("history", failure))
     else:
         result.notes.append("4-turn replay: every prompt extends the previous one")
-    if _in_folder(path, presets_dir(base_dir)) and not is_frozen(preset, base_dir=base_dir):
+    if _in_folder(path, presets_dir()) and not is_frozen(preset):
         result.problems.append(
             Problem(
                 "not-frozen",
@@ -404,13 +402,9 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
 # -- entry points ----------------------------------------------------------------------------
 
 
-def default_paths(base_dir: Path | str | None = None) -> list[Path]:
+def default_paths() -> list[Path]:
     """Every shipped preset and chat format."""
-    paths: list[Path] = []
-    for folder in (presets_dir(base_dir), formats_dir(base_dir)):
-        if folder.is_dir():
-            paths += sorted(folder.glob("*.jinja"))
-    return paths
+    return [*sorted(presets_dir().glob("*.jinja")), *sorted(formats_dir().glob("*.jinja"))]
 
 
 def _expand(paths: Iterable[Path | str]) -> list[Path]:
@@ -429,9 +423,7 @@ def _kind(path: Path, source: str) -> str | None:
     return None
 
 
-def lint_file(
-    path: Path | str, *, tokenizer, chat_format=None, block_size: int | None = None, base_dir=None
-) -> LintResult:
+def lint_file(path: Path | str, *, tokenizer) -> LintResult:
     path = Path(path)
     try:
         source = path.read_text(encoding="utf-8")
@@ -439,14 +431,7 @@ def lint_file(
         return LintResult(path, "unknown", path.stem, [Problem("read", f"cannot read: {exc}")])
     kind = _kind(path, source)
     if kind == "preset":
-        return lint_preset(
-            path,
-            source,
-            tokenizer=tokenizer,
-            chat_format=chat_format,
-            block_size=block_size,
-            base_dir=base_dir,
-        )
+        return lint_preset(path, source, tokenizer=tokenizer)
     if kind == "format":
         return lint_format(path, source, tokenizer=tokenizer)
     problem = Problem(
@@ -457,26 +442,10 @@ def lint_file(
     return LintResult(path, "unknown", path.stem, [problem])
 
 
-def lint_paths(
-    paths: Iterable[Path | str] | None = None,
-    *,
-    tokenizer,
-    chat_format=None,
-    block_size: int | None = None,
-    base_dir: Path | str | None = None,
-) -> list[LintResult]:
+def lint_paths(paths: Iterable[Path | str] | None = None, *, tokenizer) -> list[LintResult]:
     """Lint the given files or folders (default: every shipped preset and format)."""
-    files = _expand(paths) if paths else default_paths(base_dir)
-    return [
-        lint_file(
-            p,
-            tokenizer=tokenizer,
-            chat_format=chat_format,
-            block_size=block_size,
-            base_dir=base_dir,
-        )
-        for p in files
-    ]
+    files = _expand(paths) if paths else default_paths()
+    return [lint_file(p, tokenizer=tokenizer) for p in files]
 
 
 __all__ = [

@@ -19,7 +19,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from django.conf import settings
 from jinja2 import Template, TemplateError
 from jinja2.exceptions import SecurityError, UndefinedError
 
@@ -45,23 +47,22 @@ MAX_VALUE_CHARS = 4000
 DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates" / "prompts"
 
 
-def templates_dir(override: Path | str | None = None) -> Path:
-    """The prompt templates folder: `override`, else settings.PROMPT_TEMPLATES_DIR."""
-    if override is not None:
-        return Path(override)
-    from django.conf import settings
-
-    if settings.configured:
-        return Path(getattr(settings, "PROMPT_TEMPLATES_DIR", DEFAULT_TEMPLATES_DIR))
-    return DEFAULT_TEMPLATES_DIR
+def setting(name: str, default: Any) -> Any:
+    """Django's setting `name`, or `default` where Django is not configured."""
+    return getattr(settings, name, default) if settings.configured else default
 
 
-def presets_dir(base: Path | str | None = None) -> Path:
-    return templates_dir(base) / "presets"
+def templates_dir() -> Path:
+    """The prompt templates folder: settings.PROMPT_TEMPLATES_DIR."""
+    return Path(setting("PROMPT_TEMPLATES_DIR", DEFAULT_TEMPLATES_DIR))
 
 
-def versions_dir(base: Path | str | None = None) -> Path:
-    return templates_dir(base) / "versions"
+def presets_dir() -> Path:
+    return templates_dir() / "presets"
+
+
+def versions_dir() -> Path:
+    return templates_dir() / "versions"
 
 
 @dataclass(frozen=True)
@@ -220,14 +221,12 @@ def load_preset_file(path: Path | str, preset_id: str | None = None) -> Preset:
     return _load(preset_id or path.stem, path.read_text(encoding="utf-8"), str(path))
 
 
-def get_preset(
-    preset_id: str, version: str | None = None, *, base_dir: Path | str | None = None
-) -> Preset:
+def get_preset(preset_id: str, version: str | None = None) -> Preset:
     """The preset `preset_id`: its current version, or the named (possibly older) one."""
     _check_id(preset_id)
     if version is not None and (not isinstance(version, str) or not VERSION_RE.fullmatch(version)):
         raise PresetNotFound(f"preset {preset_id!r} has no version {version!r}")
-    current = presets_dir(base_dir) / f"{preset_id}.jinja"
+    current = presets_dir() / f"{preset_id}.jinja"
     if version is None:
         if not current.is_file():
             raise PresetNotFound(f"no preset {preset_id!r}")
@@ -238,7 +237,7 @@ def get_preset(
         declared = fm.meta.get("version") if not fm.error else None
         if content_version(source, str(declared) if declared is not None else None) == version:
             return _load(preset_id, source, str(current))
-    frozen = versions_dir(base_dir) / preset_id / f"{version}.jinja"
+    frozen = versions_dir() / preset_id / f"{version}.jinja"
     if not frozen.is_file():
         raise PresetNotFound(f"preset {preset_id!r} has no version {version!r}")
     preset = load_preset_file(frozen, preset_id)
@@ -247,12 +246,11 @@ def get_preset(
     return preset
 
 
-def list_presets(*, base_dir: Path | str | None = None) -> list[Preset]:
+def list_presets() -> list[Preset]:
     """Current versions of the presets that pass validation, by `order` then id (invalid
     ones are logged, not listed)."""
     result = []
-    folder = presets_dir(base_dir)
-    for path in sorted(folder.glob("*.jinja")) if folder.is_dir() else []:
+    for path in sorted(presets_dir().glob("*.jinja")):
         if not PRESET_ID_RE.fullmatch(path.stem):
             log.warning("preset file %s: name is not a valid preset id", path)
             continue
@@ -263,20 +261,19 @@ def list_presets(*, base_dir: Path | str | None = None) -> list[Preset]:
     return sorted(result, key=lambda p: (p.order, p.id))
 
 
-def list_versions(preset_id: str, *, base_dir: Path | str | None = None) -> list[str]:
+def list_versions(preset_id: str) -> list[str]:
     """Versions of `preset_id` in the registry (activated versions), sorted by name."""
     _check_id(preset_id)
-    folder = versions_dir(base_dir) / preset_id
-    return sorted(p.stem for p in folder.glob("*.jinja")) if folder.is_dir() else []
+    return sorted(p.stem for p in (versions_dir() / preset_id).glob("*.jinja"))
 
 
-def is_frozen(preset: Preset, *, base_dir: Path | str | None = None) -> bool:
-    return (versions_dir(base_dir) / preset.id / f"{preset.version}.jinja").is_file()
+def is_frozen(preset: Preset) -> bool:
+    return (versions_dir() / preset.id / f"{preset.version}.jinja").is_file()
 
 
-def freeze_preset(preset: Preset, *, base_dir: Path | str | None = None) -> Path:
+def freeze_preset(preset: Preset) -> Path:
     """Copy a (linted) preset into the version registry; idempotent, never overwrites."""
-    dest = versions_dir(base_dir) / preset.id / f"{preset.version}.jinja"
+    dest = versions_dir() / preset.id / f"{preset.version}.jinja"
     if dest.exists():
         if dest.read_text(encoding="utf-8") != preset.source:
             raise PresetInvalid(f"{dest} exists with different content")

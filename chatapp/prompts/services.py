@@ -24,7 +24,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 from chatapp.prompts.encoding import TokenEncoder, check_text
 from chatapp.prompts.errors import (
@@ -35,8 +35,8 @@ from chatapp.prompts.errors import (
     MessageTooLong,
     PromptError,
 )
-from chatapp.prompts.formats import ChatFormat, format_for_tokenizer, get_format
-from chatapp.prompts.presets import get_preset
+from chatapp.prompts.formats import format_for_tokenizer
+from chatapp.prompts.presets import get_preset, setting
 
 __all__ = [
     "ContextLengthExceeded",
@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_USER_CHARS = 16000
+CACHE_SIZE = 256  # system texts a builder keeps encoded (and presets it knows them from)
 
 
 def check_user_text(text: object, max_chars: int | None = None) -> str:
@@ -64,7 +65,9 @@ def check_user_text(text: object, max_chars: int | None = None) -> str:
         raise EmptyMessage("a message must be text")
     if not text.strip():
         raise EmptyMessage("the message is empty")
-    limit = _max_user_chars(max_chars)
+    if max_chars is None:
+        max_chars = setting("MAX_USER_MESSAGE_CHARS", DEFAULT_MAX_USER_CHARS)
+    limit = int(max_chars)
     if len(text) > limit:
         raise MessageTooLong(f"the message has {len(text)} characters; the limit is {limit}")
     return check_text(text, "the message")
@@ -76,26 +79,9 @@ def builder_for(tokenizer) -> PromptBuilder:
     return PromptBuilder(tokenizer)
 
 
-def _setting(name: str, default):
-    try:
-        from django.conf import settings
-
-        if settings.configured:
-            return getattr(settings, name, default)
-    except ImportError:
-        pass
-    return default
-
-
-def _max_user_chars(given: int | None) -> int:
-    if given is not None:
-        return int(given)
-    return int(_setting("MAX_USER_MESSAGE_CHARS", DEFAULT_MAX_USER_CHARS))
-
-
 def default_block_size() -> int:
     """The engine's KV block size: Django's LLM_BLOCK_SIZE, else EngineConfig's default."""
-    value = _setting("LLM_BLOCK_SIZE", None)
+    value = setting("LLM_BLOCK_SIZE", None)
     if value is not None:
         return int(value)
     from inference.config import EngineConfig
@@ -105,10 +91,8 @@ def default_block_size() -> int:
 
 def prefix_hash(token_ids: Sequence[int]) -> str:
     """A short, stable name for a token prefix (the dashboard groups prompts by it)."""
-    digest = hashlib.sha256()
-    for token in token_ids:
-        digest.update(int(token).to_bytes(4, "little"))
-    return digest.hexdigest()[:16]
+    data = b"".join(int(token).to_bytes(4, "little") for token in token_ids)
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -129,7 +113,6 @@ class PromptPlan:
     preset_version: str | None
     prefix_hash: str  # of token_ids[:shared_prefix_len]
     new_user_segment: tuple[int, ...]  # store these ids with the new user message
-    format_name: str = ""
     cache_salt: str | None = None
 
     @property
@@ -165,7 +148,7 @@ def cache_salt_for(owner) -> str:
     settings.PROMPT_CACHE_SALT_KEY, else SECRET_KEY (set one in production, or web
     and worker processes will disagree).
     """
-    key = _setting("PROMPT_CACHE_SALT_KEY", None) or _setting("SECRET_KEY", None)
+    key = setting("PROMPT_CACHE_SALT_KEY", None) or setting("SECRET_KEY", None)
     if not key:
         raise PromptError("no SECRET_KEY configured for cache salts")
     message = b"prefixchat.cache_salt\x00" + _tenant_key(owner).encode("utf-8")
@@ -204,36 +187,18 @@ def _common_suffix_prefix(ids: Sequence[int], tail: Sequence[int]) -> int:
 
 
 class PromptBuilder:
-    """Builds token-level prompts for one tokenizer and chat format.
+    """Builds token-level prompts for one tokenizer, in the chat format its special tokens name.
 
     Thread-safe; keep one per tokenizer. `block_size` is the engine's KV block size
-    (default: settings.LLM_BLOCK_SIZE). `max_model_len`, when given here, is the
-    default context limit of build().
+    (default: settings.LLM_BLOCK_SIZE).
     """
 
-    def __init__(
-        self,
-        tokenizer,
-        chat_format: ChatFormat | str | None = None,
-        block_size: int | None = None,
-        *,
-        max_user_chars: int | None = None,
-        max_model_len: int | None = None,
-        base_dir: Path | str | None = None,
-        cache_size: int = 256,
-    ):
+    def __init__(self, tokenizer, block_size: int | None = None):
         self.tokenizer = tokenizer
-        self.base_dir = base_dir
-        if chat_format is None:
-            chat_format = format_for_tokenizer(tokenizer, base_dir=base_dir)
-        elif isinstance(chat_format, str):
-            chat_format = get_format(chat_format, base_dir=base_dir)
-        self.chat_format: ChatFormat = chat_format
+        self.chat_format = chat_format = format_for_tokenizer(tokenizer)
         self.block_size = int(block_size if block_size is not None else default_block_size())
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
-        self.max_user_chars = _max_user_chars(max_user_chars)
-        self.max_model_len = max_model_len
         self.encoder = TokenEncoder(tokenizer)
         self._vocab_size = len(tokenizer)
 
@@ -250,8 +215,8 @@ class PromptBuilder:
         stop = self.encoder.trusted(chat_format.stop_token)
         self.stop_token_ids: list[int] = stop if len(stop) == 1 else []
 
-        self._system_ids = functools.lru_cache(maxsize=cache_size)(self._encode_system)
-        self._origin = _LRU(cache_size)  # tuple(system ids) -> (preset id, version)
+        self._system_ids = functools.lru_cache(maxsize=CACHE_SIZE)(self._encode_system)
+        self._origin = _LRU(CACHE_SIZE)  # tuple(system ids) -> (preset id, version)
 
     # -- segments ---------------------------------------------------------------
 
@@ -263,7 +228,7 @@ class PromptBuilder:
     ) -> list[int]:
         """The preset's system turn, padded to a multiple of block_size (rendered each time,
         encoded once per text)."""
-        preset = get_preset(preset_id, version, base_dir=self.base_dir)
+        preset = get_preset(preset_id, version)
         ids = self.system_segment_for_text(preset.render(variables))
         self._origin.put(tuple(ids), (preset.id, preset.version))
         return ids
@@ -293,7 +258,7 @@ class PromptBuilder:
     def user_segment(self, text: str, *, opening: bool = False) -> list[int]:
         """The whole user turn, end of turn included. `opening`: it starts the conversation
         (no system prompt), so formats that open with BOS get it here."""
-        check_user_text(text, self.max_user_chars)
+        check_user_text(text)
         return self._turn(role="user", text=text, opening=opening)
 
     def _turn(self, *, role: str, text: str, opening: bool) -> list[int]:
@@ -332,14 +297,9 @@ class PromptBuilder:
         # Stored ids come back from the database: refuse junk before it reaches the engine.
         # Generated ids are not bounded by the tokenizer (a model's vocabulary may be larger).
         out = list(ids)
-        limit = self._vocab_size if bounded else None
+        limit = self._vocab_size if bounded else float("inf")
         for token in out:
-            if (
-                not isinstance(token, int)
-                or isinstance(token, bool)
-                or token < 0
-                or (limit is not None and token >= limit)
-            ):
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < limit:
                 raise PromptError(f"{what}: {token!r} is not a token id of this tokenizer")
         return out
 
@@ -375,45 +335,13 @@ class PromptBuilder:
             preset_id, preset_version = self._origin.get(tuple(system)) or (None, None)
         pieces = [("system", system)] + [("history", seg) for seg in history]
         pieces += [("user", user), ("generation_prompt", self._generation_prompt)]
-        return self._plan(
-            pieces,
-            shared=len(system) - len(system) % self.block_size,
-            new_user=user,
-            preset=(preset_id, preset_version),
-            max_model_len=max_model_len,
-            max_new_tokens=max_new_tokens,
-            cache_salt=cache_salt,
-        )
+        preset = (preset_id, preset_version)
+        return self._plan(pieces, preset, max_model_len, max_new_tokens, cache_salt)
 
-    def build_from_messages(
-        self,
-        messages: Sequence[Mapping],
-        *,
-        max_model_len: int | None = None,
-        max_new_tokens: int = 0,
-        assistant_ids_lookup: Callable[[str], Sequence[int] | None] | None = None,
-        add_generation_prompt: bool = True,
-        cache_salt: str | None = None,
-    ) -> PromptPlan:
-        """A prompt from OpenAI-style messages (stateless requests).
-
-        A leading system message becomes a block-aligned segment exactly as a preset
-        would, so API clients sending the same system text share its blocks. Each
-        assistant message is first offered to `assistant_ids_lookup(text)`: the hook
-        where the API splices back the ids it generated for that text (and None
-        means "never generated here", so the text is encoded afresh).
-        """
-        msgs = [normalise_message(m, i) for i, m in enumerate(messages)]
-        if not msgs:
-            raise InvalidMessages("messages must not be empty")
-        return self.build_from_turns(
-            msgs,
-            max_model_len=max_model_len,
-            max_new_tokens=max_new_tokens,
-            assistant_ids_lookup=assistant_ids_lookup,
-            add_generation_prompt=add_generation_prompt,
-            cache_salt=cache_salt,
-        )
+    def build_from_messages(self, messages: Sequence[Mapping], **options: Any) -> PromptPlan:
+        """build_from_turns for OpenAI-style messages, each read by normalise_message."""
+        turns = [normalise_message(m, i) for i, m in enumerate(messages)]
+        return self.build_from_turns(turns, **options)
 
     def build_from_turns(
         self,
@@ -425,19 +353,24 @@ class PromptBuilder:
         add_generation_prompt: bool = True,
         cache_salt: str | None = None,
     ) -> PromptPlan:
-        """build_from_messages for (role, text) turns whose shape the caller has checked
-        (the /v1 parser does): roles system, user or assistant, text content."""
+        """A prompt from the (role, text) turns of a stateless request: roles system, user or
+        assistant, shapes checked by the caller (the /v1 parser, or build_from_messages).
+
+        A leading system message becomes a block-aligned segment exactly as a preset
+        would, so API clients sending the same system text share its blocks. Each
+        assistant message is first offered to `assistant_ids_lookup(text)`: the hook
+        where the API splices back the ids it generated for that text (and None
+        means "never generated here", so the text is encoded afresh).
+        """
         msgs = list(turns)
+        if not msgs:
+            raise InvalidMessages("messages must not be empty")
         for i, (_, text) in enumerate(msgs):
             check_text(text, f"messages[{i}].content")  # before any lookup hashes the text
-        pieces: list[tuple[str, list[int]]] = []
-        shared = 0
+        pieces: list[tuple[str, Sequence[int]]] = []
         if msgs[0][0] == "system":
-            system = self.system_segment_for_text(msgs[0][1])
-            pieces.append(("system", system))
-            shared = len(system) - len(system) % self.block_size
+            pieces.append(("system", self.system_segment_for_text(msgs[0][1])))
             msgs = msgs[1:]
-        new_user: list[int] = []
         for i, (role, text) in enumerate(msgs):
             opening = not pieces
             if role == "user":
@@ -446,21 +379,11 @@ class PromptBuilder:
                 seg = self._assistant_from_api(text, assistant_ids_lookup, opening)
             else:
                 seg = self._turn(role=role, text=text, opening=opening)
-            last = i == len(msgs) - 1
-            if last and role == "user":
-                new_user = seg
-            pieces.append(("user" if last and role == "user" else "history", seg))
+            new_user = role == "user" and i == len(msgs) - 1
+            pieces.append(("user" if new_user else "history", seg))
         if add_generation_prompt:
             pieces.append(("generation_prompt", self._generation_prompt))
-        return self._plan(
-            pieces,
-            shared=shared,
-            new_user=new_user,
-            preset=(None, None),
-            max_model_len=max_model_len,
-            max_new_tokens=max_new_tokens,
-            cache_salt=cache_salt,
-        )
+        return self._plan(pieces, (None, None), max_model_len, max_new_tokens, cache_salt)
 
     def _assistant_from_api(self, text: str, lookup, opening: bool) -> list[int]:
         if lookup is not None:
@@ -476,26 +399,24 @@ class PromptBuilder:
     def _plan(
         self,
         pieces: list[tuple[str, Sequence[int]]],
-        *,
-        shared: int,
-        new_user: Sequence[int],
         preset: tuple[str | None, str | None],
         max_model_len: int | None,
         max_new_tokens: int,
         cache_salt: str | None,
     ) -> PromptPlan:
+        """The plan of `pieces`, (kind, ids) in order, with "system" and "user" at most once."""
         ids: list[int] = []
         segments: list[Segment] = []
         for kind, seg in pieces:
-            if kind == "system" and not seg:
-                continue
-            segments.append(Segment(kind, len(ids), len(ids) + len(seg)))
-            ids.extend(seg)
-        limit = max_model_len if max_model_len is not None else self.max_model_len
+            if seg or kind != "system":
+                segments.append(Segment(kind, len(ids), len(ids) + len(seg)))
+                ids.extend(seg)
         if max_new_tokens < 0:
             raise PromptError("max_new_tokens must be >= 0")
-        if limit is not None and len(ids) + max_new_tokens > limit:
-            raise ContextLengthExceeded(len(ids), max_new_tokens, limit)
+        if max_model_len is not None and len(ids) + max_new_tokens > max_model_len:
+            raise ContextLengthExceeded(len(ids), max_new_tokens, max_model_len)
+        by_kind = dict(pieces)
+        shared = len(by_kind.get("system", ())) // self.block_size * self.block_size
         return PromptPlan(
             token_ids=tuple(ids),
             segments=tuple(segments),
@@ -503,8 +424,7 @@ class PromptBuilder:
             preset_id=preset[0],
             preset_version=preset[1],
             prefix_hash=prefix_hash(ids[:shared]),
-            new_user_segment=tuple(new_user),
-            format_name=self.chat_format.name,
+            new_user_segment=tuple(by_kind.get("user", ())),
             cache_salt=cache_salt,
         )
 
