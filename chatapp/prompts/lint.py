@@ -80,9 +80,7 @@ class LintResult:
 
     def render_text(self) -> str:
         head = f"{'ok  ' if self.ok else 'FAIL'} {_shown(self.path)} ({self.kind} {self.name})"
-        lines = [head]
-        lines += [f"  {p}" for p in self.problems]
-        lines += [f"  - {n}" for n in self.notes]
+        lines = [head, *(f"  {p}" for p in self.problems), *(f"  - {n}" for n in self.notes)]
         return "\n".join(lines)
 
 
@@ -147,14 +145,9 @@ def _hostile_environment(run: int, kind: str) -> ImmutableSandboxedEnvironment:
 
 def _preset_values(meta: dict, run: int) -> dict[str, object]:
     defaults, required, _ = read_variables(meta)
-    values = dict(defaults)
-    for name in required:
-        values[name] = f"<{name}>"  # any fixed text: lint checks the template, not the value
-    for name in list(values):
-        varying = _varying_value(name, run)
-        if varying is not None:
-            values[name] = varying
-    return values
+    # Any fixed text for the required ones: lint checks the template, not the value.
+    values = {**defaults, **{name: f"<{name}>" for name in required}}
+    return {name: _varying_value(name, run) or value for name, value in values.items()}
 
 
 def _two_renders(source: str, kind: str, values: Callable[[int], dict]) -> list[str]:

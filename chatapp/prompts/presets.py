@@ -145,15 +145,11 @@ def read_variables(meta: dict) -> tuple[dict, tuple[str, ...], list[Problem]]:
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
             problems.append(Problem("front-matter", f"variable name {name!r} is not an identifier"))
             continue
-        if isinstance(spec, dict):
-            if "default" in spec:
-                defaults[name] = spec["default"]
-            else:
-                required.append(name)
-        else:
-            defaults[name] = spec
-    for name, value in defaults.items():
-        if not isinstance(value, VALUE_TYPES):
+        if isinstance(spec, dict) and "default" not in spec:
+            required.append(name)
+            continue
+        defaults[name] = spec["default"] if isinstance(spec, dict) else spec
+        if not isinstance(defaults[name], VALUE_TYPES):
             problems.append(
                 Problem("front-matter", f"default of {name!r} must be text or a number")
             )
@@ -233,8 +229,7 @@ def get_preset(preset_id: str, version: str | None = None) -> Preset:
         return load_preset_file(current, preset_id)
     if current.is_file():
         source = current.read_text(encoding="utf-8")
-        fm = parse_front_matter(source)
-        declared = fm.meta.get("version") if not fm.error else None
+        declared = parse_front_matter(source).meta.get("version")  # {} when unreadable
         if content_version(source, str(declared) if declared is not None else None) == version:
             return _load(preset_id, source, str(current))
     frozen = versions_dir() / preset_id / f"{version}.jinja"

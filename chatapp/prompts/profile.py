@@ -9,11 +9,12 @@ record_prompt(plan), or from a JSONL file of id lists.
 from __future__ import annotations
 
 import json
+import os.path
 import threading
 import unicodedata
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatapp.prompts.compare import first_divergence, piece
@@ -33,19 +34,17 @@ class RecordedPrompt:
     shared_prefix_len: int | None = None
 
 
+_META = ("preset_id", "preset_version", "prefix_hash", "shared_prefix_len")  # kept from a plan
+
+
 def as_recorded(item, label: str = "") -> RecordedPrompt:
     """A RecordedPrompt from a PromptPlan, a mapping with token_ids, or a list of ids."""
     if isinstance(item, RecordedPrompt):
         return item
     if isinstance(item, Mapping):
-        ids = item.get("token_ids")
-        meta = item
+        ids, meta = item.get("token_ids"), item
     elif hasattr(item, "token_ids"):
-        ids = item.token_ids
-        meta = {
-            k: getattr(item, k, None)
-            for k in ("preset_id", "preset_version", "prefix_hash", "shared_prefix_len")
-        }
+        ids, meta = item.token_ids, {k: getattr(item, k, None) for k in _META}
     else:
         ids, meta = item, {}
     if not isinstance(ids, Sequence) or isinstance(ids, str | bytes):
@@ -55,10 +54,7 @@ def as_recorded(item, label: str = "") -> RecordedPrompt:
         token_ids=tuple(ids[:KEEP_TOKENS]),
         total_tokens=len(ids),
         label=str(meta.get("label") or label),
-        preset_id=meta.get("preset_id"),
-        preset_version=meta.get("preset_version"),
-        prefix_hash=meta.get("prefix_hash"),
-        shared_prefix_len=meta.get("shared_prefix_len"),
+        **{k: meta.get(k) for k in _META},
     )
 
 
@@ -124,9 +120,6 @@ class ProfileReport:
     groups: list[ProfileGroup] = field(default_factory=list)
     divergences: list[Divergence] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
     def rows(self, columns: Sequence[int] | None = None) -> list[dict]:
         """Token index -> the (id, piece) of each prompt in `columns` (default: all), and
         whether they differ there; up to the longest prompt shown."""
@@ -186,15 +179,6 @@ def _visible(tokenizer, ids: Sequence[int]) -> str:
     return "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
 
 
-def _lcp(seqs: list[Sequence[int]]) -> int:
-    shortest = min(len(s) for s in seqs)
-    for i in range(shortest):
-        first = seqs[0][i]
-        if any(s[i] != first for s in seqs[1:]):
-            return i
-    return shortest
-
-
 def profile_prompts(
     prompts: Iterable, *, tokenizer, width: int = 64, block_size: int | None = None
 ) -> ProfileReport:
@@ -215,16 +199,14 @@ def profile_prompts(
             tuple(ids[:block_size]) if len(ids) >= block_size else ("short", *ids), []
         ).append(i)
     for members in keyed.values():
-        shared = _lcp([items[m].token_ids for m in members])
+        shared = len(os.path.commonprefix([items[m].token_ids for m in members]))
         report.groups.append(ProfileGroup(members, shared, shared // block_size))
 
     def divergence(a: int, b: int, look_alike: bool) -> Divergence:
         ia, ib = items[a].token_ids, items[b].token_ids
         idx = first_divergence(ia, ib)
-        if idx is None:
-            return Divergence(a, b, idx, look_alike, "", "")
-        a_token, b_token = piece(tokenizer, ia, idx), piece(tokenizer, ib, idx)
-        return Divergence(a, b, idx, look_alike, a_token, b_token)
+        tokens = ("", "") if idx is None else (piece(tokenizer, ia, idx), piece(tokenizer, ib, idx))
+        return Divergence(a, b, idx, look_alike, *tokens)
 
     visible = [_visible(tokenizer, p.token_ids[:width]) for p in items]
 

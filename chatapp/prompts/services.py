@@ -167,8 +167,7 @@ class _LRU:
         with self._lock:
             if key in self._data:
                 self._data.move_to_end(key)
-                return self._data[key]
-            return None
+            return self._data.get(key)
 
     def put(self, key, value) -> None:
         with self._lock:

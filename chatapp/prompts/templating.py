@@ -135,16 +135,12 @@ def describe_jinja_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+_CATEGORIES = {"clock": CLOCK_NAMES, "random": RANDOM_NAMES, "request": REQUEST_NAMES}
+
+
 def unstable_category(name: str) -> str | None:
     """The cause of instability `name` carries ("clock", "random", "request"), or None."""
-    lowered = name.lower()
-    if lowered in CLOCK_NAMES:
-        return "clock"
-    if lowered in RANDOM_NAMES:
-        return "random"
-    if lowered in REQUEST_NAMES:
-        return "request"
-    return None
+    return next((cat for cat, names in _CATEGORIES.items() if name.lower() in names), None)
 
 
 _CATEGORY_TEXT = {

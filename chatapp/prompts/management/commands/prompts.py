@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -44,20 +45,14 @@ class Command(BaseCommand):
         sub.add_parser("list", help="list presets and their registered versions")
 
     def handle(self, *args, **opts):
-        action = opts["action"]
-        if action == "list":
+        if opts["action"] == "list":
             return self._list()
         tokenizer = _tokenizer(opts.get("model") or settings.LLM_MODEL)
-        if action == "lint":
-            return self._lint(opts["paths"], tokenizer)
-        if action == "profile":
-            return self._profile(opts, tokenizer)
-        if action == "freeze":
-            return self._freeze(opts["preset_ids"], tokenizer)
-        raise CommandError(f"unknown action {action!r}")
+        # The subparsers are required and argparse checks the choice: lint, profile or freeze.
+        return getattr(self, "_" + opts["action"])(opts, tokenizer)
 
-    def _lint(self, paths, tokenizer) -> None:
-        results = lint.lint_paths(paths or None, tokenizer=tokenizer)
+    def _lint(self, opts, tokenizer) -> None:
+        results = lint.lint_paths(opts["paths"] or None, tokenizer=tokenizer)
         if not results:
             raise CommandError("no templates found")
         for result in results:
@@ -80,13 +75,14 @@ class Command(BaseCommand):
             prompts = profile.recent_prompts()
         report = profile.profile_prompts(prompts, tokenizer=tokenizer, width=opts["width"])
         if opts["json"]:
-            self.stdout.write(json.dumps(report.to_dict(), ensure_ascii=False))
+            self.stdout.write(json.dumps(dataclasses.asdict(report), ensure_ascii=False))
         else:
             self.stdout.write(report.render_text(max_columns=opts["columns"]))
 
-    def _freeze(self, preset_ids, tokenizer) -> None:
+    def _freeze(self, opts, tokenizer) -> None:
         folder = presets.presets_dir()
-        paths = [folder / f"{pid}.jinja" for pid in preset_ids] or sorted(folder.glob("*.jinja"))
+        paths = [folder / f"{pid}.jinja" for pid in opts["preset_ids"]]
+        paths = paths or sorted(folder.glob("*.jinja"))
         refused = []
         for path in paths:
             if not path.is_file():
