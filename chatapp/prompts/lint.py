@@ -23,6 +23,7 @@ from chatapp.prompts.encoding import TokenEncoder
 from chatapp.prompts.errors import FormatError, PromptError
 from chatapp.prompts.formats import ChatFormat, formats_dir
 from chatapp.prompts.presets import is_frozen, parse_preset, presets_dir, read_variables
+from chatapp.prompts.services import PromptBuilder
 from chatapp.prompts.templating import (
     CLOCK_NAMES,
     RANDOM_NAMES,
@@ -78,6 +79,9 @@ class LintResult:
     def ok(self) -> bool:
         return not self.problems
 
+    def add(self, code: str, message: str) -> None:
+        self.problems.append(Problem(code, message))
+
     def render_text(self) -> str:
         head = f"{'ok  ' if self.ok else 'FAIL'} {_shown(self.path)} ({self.kind} {self.name})"
         lines = [head, *(f"  {p}" for p in self.problems), *(f"  - {n}" for n in self.notes)]
@@ -100,9 +104,11 @@ class _Varying(str):
     Only these names pass: any other would answer the sandbox's own checks
     (`unsafe_callable`, `alters_data`) and make every value uncallable."""
 
-    _PASS_THROUGH = CLOCK_NAMES | RANDOM_NAMES | {
-        "isoformat", "year", "month", "day", "hour", "minute", "second", "hex", "id", "value"
-    }
+    _PASS_THROUGH = (
+        CLOCK_NAMES
+        | RANDOM_NAMES
+        | {"isoformat", "year", "month", "day", "hour", "minute", "second", "hex", "id", "value"}
+    )
 
     def __call__(self, *args, **kwargs) -> _Varying:
         return self
@@ -164,13 +170,11 @@ def _check_preset_stability(source: str, meta: dict, builder, result: LintResult
         return
     renders = [builder.system_segment_for_text(text.strip()) for text in texts]
     if renders[0] != renders[1]:
-        result.problems.append(
-            Problem(
-                "unstable",
-                "two renders under different clocks, random values and request ids give "
-                "different tokens: "
-                + describe_divergence(builder.tokenizer, *renders, labels=("run 1", "run 2")),
-            )
+        result.add(
+            "unstable",
+            "two renders under different clocks, random values and request ids give "
+            "different tokens: "
+            + describe_divergence(builder.tokenizer, *renders, labels=("run 1", "run 2")),
         )
 
 
@@ -209,8 +213,6 @@ def _preset_id(path: Path) -> str:
 
 
 def lint_preset(path: Path, source: str, *, tokenizer) -> LintResult:
-    from chatapp.prompts.services import PromptBuilder
-
     result = LintResult(path=path, kind="preset", name=_preset_id(path))
     fm = parse_front_matter(source)
     preset, problems = parse_preset(_preset_id(path), source, path)
@@ -226,9 +228,7 @@ def lint_preset(path: Path, source: str, *, tokenizer) -> LintResult:
             env_values = {k: v for k, v in env_values.items() if not isinstance(v, _Varying)}
             sandbox_environment("preset").from_string(source).render(**env_values)
         except Exception as exc:  # any failure here is the message we want to show
-            result.problems.append(
-                Problem("render", f"fails in the production sandbox: {describe_jinja_error(exc)}")
-            )
+            result.add("render", f"fails in the production sandbox: {describe_jinja_error(exc)}")
         return result
 
     result.name = preset.ref
@@ -236,7 +236,7 @@ def lint_preset(path: Path, source: str, *, tokenizer) -> LintResult:
     try:
         text = preset.render(values)
     except PromptError as exc:
-        result.problems.append(Problem("render", str(exc)))
+        result.add("render", str(exc))
         return result
     unpadded = len(builder.encoder.parts(*builder.chat_format.opening_parts("system", text)))
     system_ids = builder.system_segment_for_text(text)
@@ -246,30 +246,19 @@ def lint_preset(path: Path, source: str, *, tokenizer) -> LintResult:
         f"{builder.block_size}, format {builder.chat_format.name})"
     )
     if len(system_ids) % builder.block_size:
-        result.problems.append(
-            Problem("alignment", f"system segment of {len(system_ids)} tokens is not block-aligned")
-        )
+        result.add("alignment", f"system segment of {len(system_ids)} tokens is not block-aligned")
     failure = _replay_preset(builder, system_ids)
     if failure:
-        result.problems.append(Problem("history", failure))
+        result.add("history", failure)
     else:
         result.notes.append("4-turn replay: every prompt extends the previous one")
-    if _in_folder(path, presets_dir()) and not is_frozen(preset):
-        result.problems.append(
-            Problem(
-                "not-frozen",
-                f"version {preset.version} is not in the version registry; run "
-                f"`manage.py prompts freeze {preset.id}` so conversations can keep it",
-            )
+    if path.resolve().parent == presets_dir().resolve() and not is_frozen(preset):
+        result.add(
+            "not-frozen",
+            f"version {preset.version} is not in the version registry; run "
+            f"`manage.py prompts freeze {preset.id}` so conversations can keep it",
         )
     return result
-
-
-def _in_folder(path: Path, folder: Path) -> bool:
-    try:
-        return path.resolve().parent == folder.resolve()
-    except OSError:
-        return False
 
 
 # -- chat formats --------------------------------------------------------------------------
@@ -300,7 +289,7 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
     try:
         fmt = ChatFormat(source, path)
     except FormatError as exc:
-        result.problems.append(Problem("front-matter", str(exc)))
+        result.add("front-matter", str(exc))
         return result
     result.name = fmt.name
     encoder = TokenEncoder(tokenizer)
@@ -316,15 +305,13 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
     try:
         renders = _two_renders(source, "format", lambda run: values)
     except Exception as exc:  # a template may raise anything; lint reports, never crashes
-        result.problems.append(Problem("render", f"fails to render: {describe_jinja_error(exc)}"))
+        result.add("render", f"fails to render: {describe_jinja_error(exc)}")
         return result
     if renders[0] != renders[1]:
-        result.problems.append(
-            Problem(
-                "unstable",
-                "two renders under different clocks, random values and request ids differ: "
-                + _text_divergence(encoder, *renders),
-            )
+        result.add(
+            "unstable",
+            "two renders under different clocks, random values and request ids differ: "
+            + _text_divergence(encoder, *renders),
         )
 
     # History: what the engine holds after turn k (its prompt and the reply it generated)
@@ -332,18 +319,16 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
     try:
         prompts = [fmt.render(msgs, add_generation_prompt=True) for msgs in conversations]
     except PromptError as exc:
-        result.problems.append(Problem("render", str(exc)))
+        result.add("render", str(exc))
         return result
     for turn in range(len(prompts) - 1):
         cached = prompts[turn] + REPLAY_REPLIES[turn]
         if not prompts[turn + 1].startswith(cached):
-            result.problems.append(
-                Problem(
-                    "history",
-                    f"rewrites history: turn {turn + 2}'s prompt does not start with turn "
-                    f"{turn + 1}'s prompt and reply; "
-                    + _text_divergence(encoder, cached, prompts[turn + 1][: len(cached)]),
-                )
+            result.add(
+                "history",
+                f"rewrites history: turn {turn + 2}'s prompt does not start with turn "
+                f"{turn + 1}'s prompt and reply; "
+                + _text_divergence(encoder, cached, prompts[turn + 1][: len(cached)]),
             )
             break
 
@@ -356,31 +341,25 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
         by_message = "".join(pieces)
         whole = fmt.render(last, add_generation_prompt=True)
         if by_message != whole:
-            result.problems.append(
-                Problem(
-                    "history",
-                    "renders a message differently depending on its position: message by message "
-                    "differs from the whole conversation; "
-                    + _text_divergence(encoder, by_message, whole),
-                )
+            result.add(
+                "history",
+                "renders a message differently depending on its position: message by message "
+                "differs from the whole conversation; "
+                + _text_divergence(encoder, by_message, whole),
             )
         before, _, after = fmt.turn_parts("assistant", "x")
         if not before.startswith(fmt.generation_prompt_text):
-            result.problems.append(
-                Problem("structure", "an assistant turn does not begin with the generation prompt")
-            )
+            result.add("structure", "an assistant turn does not begin with the generation prompt")
         if after != fmt.end_of_turn:
-            result.problems.append(
-                Problem(
-                    "structure",
-                    f"assistant turns end with {after!r}, front-matter says end_of_turn = {fmt.end_of_turn!r}",
-                )
+            result.add(
+                "structure",
+                f"assistant turns end with {after!r}, front-matter says end_of_turn = {fmt.end_of_turn!r}",
             )
         if fmt.stop_token not in fmt.end_of_turn:
-            result.problems.append(Problem("structure", "stop_token is not part of end_of_turn"))
+            result.add("structure", "stop_token is not part of end_of_turn")
     except FormatError as exc:
         if not any(p.code == "history" for p in result.problems):
-            result.problems.append(Problem("history", str(exc)))
+            result.add("history", str(exc))
 
     vocab = tokenizer.get_vocab()
     if all(tok in vocab for tok in fmt.special_tokens):

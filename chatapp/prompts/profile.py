@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatapp.prompts.compare import first_divergence, piece
+from chatapp.prompts.services import default_block_size
 
 RING_SIZE = 64
 KEEP_TOKENS = 2048  # enough to find where long prompts diverge; bounds memory
@@ -184,8 +185,6 @@ def profile_prompts(
 ) -> ProfileReport:
     """Compare prompts (RecordedPrompts, PromptPlans or id lists)."""
     if block_size is None:
-        from chatapp.prompts.services import default_block_size
-
         block_size = default_block_size()
     items = [as_recorded(p) for p in prompts]
     pieces = [[(t, tokenizer.decode([t])) for t in p.token_ids[:width]] for p in items]
