@@ -193,10 +193,9 @@ def profile_prompts(
     # Group by the first KV block: prompts in one group can share cache blocks.
     keyed: dict[tuple[int, ...], list[int]] = {}
     for i, p in enumerate(items):
-        ids = p.token_ids
-        keyed.setdefault(
-            tuple(ids[:block_size]) if len(ids) >= block_size else ("short", *ids), []
-        ).append(i)
+        ids = p.token_ids  # a tuple already
+        key = ids[:block_size] if len(ids) >= block_size else ("short", *ids)
+        keyed.setdefault(key, []).append(i)
     for members in keyed.values():
         shared = len(os.path.commonprefix([items[m].token_ids for m in members]))
         report.groups.append(ProfileGroup(members, shared, shared // block_size))
