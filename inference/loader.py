@@ -75,6 +75,11 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
         plain.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, dest)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        # Another process converted the same model first: its folder is as good as ours.
+        if not (dest / "config.json").exists():
+            raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
