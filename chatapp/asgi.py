@@ -9,25 +9,17 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
-
-from chatapp.web.routing import websocket_urlpatterns  # noqa: E402
-
-http_app = django_asgi_app
-if settings.SERVE_STATIC:
-    # `make run` is the whole product: static files come from the app itself, no proxy needed.
-    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-
-    http_app = ASGIStaticFilesHandler(django_asgi_app)
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from chatapp.startup import start_process  # noqa: E402
+from chatapp.web.routing import websocket_urlpatterns  # noqa: E402
+
+# `make run` is the whole product: static files come from the app itself, no proxy needed.
+http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.SERVE_STATIC else django_asgi_app
 
 start_process(preload=settings.LLM_PRELOAD)
 
-application = ProtocolTypeRouter(
-    {
-        "http": http_app,
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
-    }
-)
+application = ProtocolTypeRouter({
+    "http": http_app,
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+})

@@ -1,9 +1,7 @@
 """The Celery app: `celery -A chatapp worker` runs long generations on its own engine.
 
-Configured from Django settings (the CELERY_* names); tasks live in each app's
-tasks.py. Which replies come here, and to which worker, is decided in
-chatapp.generation (dispatch and router); the worker's own setup (its queue, its
-engine, its heartbeat) is in chatapp.generation.worker.
+Which replies come here, and to which worker, is decided in chatapp.generation (dispatch
+and router); the worker's own setup (queue, engine, heartbeat) is in its worker module.
 """
 
 import os

@@ -258,9 +258,7 @@ API_REMEMBER_IDS_TTL_S = int(os.environ.get("API_REMEMBER_IDS_TTL_S", "86400"))
 API_MAX_N = int(os.environ.get("API_MAX_N", "8"))
 API_DEFAULT_MAX_TOKENS = int(os.environ.get("API_DEFAULT_MAX_TOKENS", "512"))
 # Names /v1/models lists and /v1/chat/completions accepts, besides LLM_MODEL itself.
-API_MODEL_ALIASES = [
-    a for a in os.environ.get("API_MODEL_ALIASES", "").split(",") if a.strip()
-]
+API_MODEL_ALIASES = [a for a in os.environ.get("API_MODEL_ALIASES", "").split(",") if a.strip()]
 
 # Cache dashboard (chatapp/dashboard): /admin/cache/, /metrics, /healthz, /readyz.
 # Seconds between history samples of this process's engine; 0 turns the sampler off.

@@ -7,6 +7,7 @@ with a fixed message.
 from __future__ import annotations
 
 import logging
+from dataclasses import KW_ONLY, dataclass
 
 from django.http import JsonResponse
 from rest_framework import exceptions, status
@@ -22,24 +23,19 @@ log = logging.getLogger(__name__)
 TYPES = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 
 
+@dataclass(eq=False)
 class OpenAIError(Exception):
     """An error to answer on /v1/ as `{"error": {message, type, param, code}}`."""
 
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        retry_after: int | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.retry_after = retry_after
+    status: int
+    message: str
+    _: KW_ONLY
+    param: str | None = None
+    code: str | None = None
+    retry_after: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
     def body(self) -> dict:
         return {

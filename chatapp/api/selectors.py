@@ -13,29 +13,21 @@ from chatapp.api.services import sha256_hex
 
 
 def api_key_for_secret(raw_key: str) -> ApiKey | None:
-    """The active key whose secret this is, with its user; None for unknown or revoked keys."""
+    """The active key whose secret this is, with its user; None for unknown or revoked keys
+    and keys of inactive users."""
     if not raw_key or len(raw_key) > 200:
         return None
-    key = (
-        ApiKey.objects.select_related("user")
-        .filter(key_hash=sha256_hex(raw_key), revoked_at__isnull=True)
-        .first()
-    )
-    if key is None or not key.user.is_active:
-        return None
-    return key
+    return ApiKey.objects.select_related("user").filter(
+        key_hash=sha256_hex(raw_key), revoked_at__isnull=True, user__is_active=True
+    ).first()
 
 
 def api_key_list(*, user: AbstractBaseUser) -> QuerySet[ApiKey]:
     return ApiKey.objects.filter(user=user)
 
 
-def api_key_get(*, user: AbstractBaseUser, key_id: int | str) -> ApiKey | None:
-    try:
-        pk = int(key_id)
-    except (TypeError, ValueError):
-        return None
-    return ApiKey.objects.filter(user=user, pk=pk).first()
+def api_key_get(*, user: AbstractBaseUser, key_id: int) -> ApiKey | None:
+    return ApiKey.objects.filter(user=user, pk=key_id).first()
 
 
 def remembered_ids(*, tenant: str, texts: Iterable[str]) -> dict[str, list[int]]:

@@ -51,16 +51,18 @@ ERRORS = {401: E, 404: E, 429: E}
 TAG = ["conversations"]
 
 
+def _schema(operation_id: str, **kwargs):
+    """extend_schema for a conversations endpoint."""
+    return extend_schema(operation_id=operation_id, tags=TAG, **kwargs)
+
+
 def _conversation(request: Request, conversation_id):
     return chat_selectors.conversation_get(user=request.user, conversation_id=conversation_id)
 
 
 class PresetListView(APIView):
-    @extend_schema(
-        operation_id="presets_list",
-        tags=["presets"],
-        responses={200: PresetSerializer(many=True), 401: E, 429: E},
-    )
+    @extend_schema(operation_id="presets_list", tags=["presets"],
+                   responses={200: PresetSerializer(many=True), 401: E, 429: E})
     def get(self, request: Request) -> Response:
         """The system-prompt presets a conversation can start with."""
         data = [p.__dict__ for p in catalog.available_presets()]
@@ -70,12 +72,8 @@ class PresetListView(APIView):
 class ConversationListView(GenericAPIView):
     pagination_class = Pagination
 
-    @extend_schema(
-        operation_id="conversations_list",
-        tags=TAG,
-        parameters=[ConversationFilterSerializer],
-        responses={200: ConversationSerializer(many=True), 400: E, **ERRORS},
-    )
+    @_schema("conversations_list", parameters=[ConversationFilterSerializer],
+             responses={200: ConversationSerializer(many=True), 400: E, **ERRORS})
     def get(self, request: Request) -> Response:
         """Your conversations, newest first by default; paginated (`page`, `page_size`)."""
         filters = ConversationFilterSerializer(data=request.query_params)
@@ -84,12 +82,8 @@ class ConversationListView(GenericAPIView):
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(ConversationSerializer(page, many=True).data)
 
-    @extend_schema(
-        operation_id="conversations_create",
-        tags=TAG,
-        request=ConversationCreateSerializer,
-        responses={201: ConversationSerializer, 400: E, 401: E, 429: E},
-    )
+    @_schema("conversations_create", request=ConversationCreateSerializer,
+             responses={201: ConversationSerializer, 400: E, 401: E, 429: E})
     def post(self, request: Request) -> Response:
         """Start a conversation (optionally with a preset, a version of it and its variables)."""
         body = ConversationCreateSerializer(data=request.data)
@@ -99,20 +93,12 @@ class ConversationListView(GenericAPIView):
 
 
 class ConversationDetailView(APIView):
-    @extend_schema(
-        operation_id="conversations_retrieve",
-        tags=TAG,
-        responses={200: ConversationSerializer, **ERRORS},
-    )
+    @_schema("conversations_retrieve", responses={200: ConversationSerializer, **ERRORS})
     def get(self, request: Request, conversation_id: int) -> Response:
         return Response(ConversationSerializer(_conversation(request, conversation_id)).data)
 
-    @extend_schema(
-        operation_id="conversations_rename",
-        tags=TAG,
-        request=ConversationRenameSerializer,
-        responses={200: ConversationSerializer, 400: E, **ERRORS},
-    )
+    @_schema("conversations_rename", request=ConversationRenameSerializer,
+             responses={200: ConversationSerializer, 400: E, **ERRORS})
     def patch(self, request: Request, conversation_id: int) -> Response:
         """Rename a conversation."""
         conversation = _conversation(request, conversation_id)
@@ -123,7 +109,7 @@ class ConversationDetailView(APIView):
         )
         return Response(ConversationSerializer(conversation).data)
 
-    @extend_schema(operation_id="conversations_destroy", tags=TAG, responses={204: None, **ERRORS})
+    @_schema("conversations_destroy", responses={204: None, **ERRORS})
     def delete(self, request: Request, conversation_id: int) -> Response:
         """Delete a conversation and all its messages."""
         replies.delete_conversation(conversation=_conversation(request, conversation_id))
@@ -131,18 +117,15 @@ class ConversationDetailView(APIView):
 
 
 class MessageListView(APIView):
-    @extend_schema(
-        operation_id="messages_tree", tags=TAG, responses={200: MessageTreeSerializer, **ERRORS}
-    )
+    @_schema("messages_tree", responses={200: MessageTreeSerializer, **ERRORS})
     def get(self, request: Request, conversation_id: int) -> Response:
         """Every message of the conversation as a tree in flat form: each message names its
         parent and children; edits and regenerations are siblings."""
         tree = conversations.message_tree(conversation=_conversation(request, conversation_id))
         return Response(MessageTreeSerializer(tree, context={"children": tree["children"]}).data)
 
-    @extend_schema(
-        operation_id="messages_create",
-        tags=TAG,
+    @_schema(
+        "messages_create",
         request=MessageCreateSerializer,
         responses={
             201: TurnSerializer,
@@ -207,9 +190,7 @@ class MessageListView(APIView):
 
 
 class MessageDetailView(APIView):
-    @extend_schema(
-        operation_id="messages_retrieve", tags=TAG, responses={200: MessageSerializer, **ERRORS}
-    )
+    @_schema("messages_retrieve", responses={200: MessageSerializer, **ERRORS})
     def get(self, request: Request, conversation_id: int, message_id: int) -> Response:
         conversation = _conversation(request, conversation_id)
         message = chat_selectors.message_get(conversation=conversation, message_id=message_id)
@@ -217,12 +198,7 @@ class MessageDetailView(APIView):
 
 
 class MessageStopView(APIView):
-    @extend_schema(
-        operation_id="messages_stop",
-        tags=TAG,
-        request=None,
-        responses={202: MessageSerializer, **ERRORS},
-    )
+    @_schema("messages_stop", request=None, responses={202: MessageSerializer, **ERRORS})
     def post(self, request: Request, conversation_id: int, message_id: int) -> Response:
         """Stop a reply being generated: the engine request is cancelled, the text so far
         is kept with status 'stopped'. Stopping a finished reply changes nothing."""
@@ -236,9 +212,7 @@ class MessageStopView(APIView):
 
 
 class ExportView(APIView):
-    @extend_schema(
-        operation_id="conversations_export", tags=TAG, responses={200: ExportSerializer, **ERRORS}
-    )
+    @_schema("conversations_export", responses={200: ExportSerializer, **ERRORS})
     def get(self, request: Request, conversation_id: int) -> Response:
         """The whole conversation: every message (all branches) with its token counts and
         usage, the current branch, and usage totals."""
@@ -247,11 +221,8 @@ class ExportView(APIView):
 
 
 class ExportMarkdownView(APIView):
-    @extend_schema(
-        operation_id="conversations_export_markdown",
-        tags=TAG,
-        responses={(200, "text/markdown"): OpenApiTypes.STR, **ERRORS},
-    )
+    @_schema("conversations_export_markdown",
+             responses={(200, "text/markdown"): OpenApiTypes.STR, **ERRORS})
     def get(self, request: Request, conversation_id: int) -> HttpResponse:
         """The current branch as Markdown, for people."""
         conversation = _conversation(request, conversation_id)

@@ -1,11 +1,8 @@
 """History samples: this process's engine figures into the database, periodically.
 
-`engine_sample_local()` is a plain function: the in-process Sampler thread calls it
-here, and a Celery beat task in a worker can call it as it is. It also carries out
-prefix-cache resets the dashboard asked of this engine, and prunes old samples.
-
-Nothing here may break chat: the thread catches everything, and the engine is only
-read (its snapshot is taken under the engine's own lock).
+`engine_sample_local()` is a plain function (the Sampler thread here calls it, a Celery
+beat task could too). Nothing here may break chat: the thread catches everything, and
+the engine is only read (its snapshot is taken under the engine's own lock).
 """
 
 from __future__ import annotations

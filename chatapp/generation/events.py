@@ -34,11 +34,8 @@ class DeltaBatcher:
         self.tokens += n_tokens
 
     def due(self) -> bool:
-        if not self.text:
-            return False
-        return self.tokens >= self.batch_tokens or (
-            time.monotonic() - self.last_flush >= self.flush_s
-        )
+        return bool(self.text) and (self.tokens >= self.batch_tokens
+                                    or time.monotonic() - self.last_flush >= self.flush_s)
 
     def take(self) -> tuple[int, str]:
         self.seq += 1

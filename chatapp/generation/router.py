@@ -64,13 +64,8 @@ def preferred_worker(reply: Message) -> str:
 
 
 def live_candidates() -> list[Candidate]:
-    out = []
-    for worker in registry.workers():
-        if registry.is_live(worker):
-            out.append(Candidate(name=worker.name, queue=worker.queue,
-                                 queued=registry.queue_length(worker.queue),
-                                 active=worker.active))
-    return out
+    return [Candidate(name=w.name, queue=w.queue, queued=registry.queue_length(w.queue),
+                      active=w.active) for w in registry.workers() if registry.is_live(w)]
 
 
 def queue_for_reply(reply: Message) -> str:

@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, InvalidInput, NotFound
@@ -53,7 +52,7 @@ CLOSE_NOT_FOUND = 4404
 MAX_FRAME_CHARS = 256 * 1024
 
 
-class ChatConsumer(AsyncWebsocketConsumer):
+class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.conversation = None
         self.tasks: dict[int, asyncio.Task] = {}
@@ -72,7 +71,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         self.group = self.conversation.group_name
         await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.send_event({"type": "hello", "conversation": conversation_dict(self.conversation)})
+        await self.send_json({"type": "hello", "conversation": conversation_dict(self.conversation)})
         # The conversation's KV comes back from the host/disk tier while the person reads.
         self.prewarming = asyncio.create_task(self.prewarm())
 
@@ -106,7 +105,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send_error("message_too_long", "The frame is too large.")
             return
         try:
-            data = json.loads(text_data)
+            data = await self.decode_json(text_data)
         except ValueError:
             await self.send_error("bad_json", "The frame is not valid JSON.")
             return
@@ -158,17 +157,15 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def on_stop(self, data: dict) -> None:
         message_id = self.optional_id(data, "message_id")
         if message_id is None:
-            active = await database_sync_to_async(selectors.conversation_active_replies)(
+            stopping = await database_sync_to_async(selectors.conversation_active_replies)(
                 conversation=self.conversation
             )
-            ids = [m.pk for m in active]
         else:
-            reply = await database_sync_to_async(selectors.message_get)(
+            stopping = [await database_sync_to_async(selectors.message_get)(
                 conversation=self.conversation, message_id=message_id
-            )
-            ids = [reply.pk]
-        for reply_id in ids:
-            await database_sync_to_async(replies.request_stop)(reply_id)
+            )]
+        for reply in stopping:
+            await database_sync_to_async(replies.request_stop)(reply.pk)
 
     async def on_select(self, data: dict) -> None:
         await database_sync_to_async(services.conversation_select_leaf)(
@@ -176,7 +173,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         )
 
     async def on_ping(self, data: dict) -> None:
-        await self.send_event({"type": "pong"})
+        await self.send_json({"type": "pong"})
 
     HANDLERS = {
         "send": on_send,
@@ -190,7 +187,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
     # -- group events ------------------------------------------------------
 
     async def chat_event(self, event: dict) -> None:
-        await self.send_event(event["event"])
+        await self.send_json(event["event"])
 
     # -- helpers -----------------------------------------------------------
 
@@ -232,10 +229,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             raise InvalidInput('"message_id" is required.')
         return value
 
-    async def send_event(self, event: dict) -> None:
-        await self.send(text_data=json.dumps(event))
-
     async def send_error(self, code: str, message: str, request_type: str | None = None) -> None:
-        await self.send_event(
+        await self.send_json(
             {"type": "error", "code": code, "message": message, "request_type": request_type}
         )

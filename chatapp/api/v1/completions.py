@@ -33,12 +33,9 @@ def model_ids() -> list[str]:
 
 def check_model(name: str) -> None:
     if name not in model_ids():
-        raise OpenAIError(
-            404,
-            f"The model '{name}' does not exist. Available: {', '.join(model_ids())}.",
-            param="model",
-            code="model_not_found",
-        )
+        available = ", ".join(model_ids())
+        raise OpenAIError(404, f"The model '{name}' does not exist. Available: {available}.",
+                          param="model", code="model_not_found")
 
 
 def tenant_of(key: ApiKey) -> str:
@@ -151,35 +148,25 @@ class Completion:
 
     # -- bodies ------------------------------------------------------------------
 
+    def _body(self, kind: str, choices: list[dict], **extra) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.req.model,
+                "choices": choices, **extra}
+
     def completion_body(self) -> dict:
-        return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.req.model,
-            "choices": [
-                {
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": c.text, "refusal": None},
-                    "logprobs": None,
-                    "finish_reason": c.finish_reason or "stop",
-                }
-                for c in sorted(self.generation.choices.values(), key=lambda c: c.index)
-            ],
-            "usage": self.usage(),
-        }
+        choices = [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": c.finish_reason or "stop",
+            }
+            for c in sorted(self.generation.choices.values(), key=lambda c: c.index)
+        ]
+        return self._body("chat.completion", choices, usage=self.usage())
 
     def chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
-        body = {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.req.model,
-            "choices": choices,
-        }
-        if self.req.include_usage:
-            body["usage"] = usage
-        return body
+        extra = {"usage": usage} if self.req.include_usage else {}
+        return self._body("chat.completion.chunk", choices, **extra)
 
 
 async def open_completion(*, key: ApiKey, req: CompletionRequest) -> Completion:

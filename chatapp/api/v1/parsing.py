@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from chatapp.api.errors import invalid
+from chatapp.api.errors import OpenAIError, invalid
 from chatapp.prompts.services import normalise_message
 
 ROLES = ("system", "developer", "user", "assistant")
@@ -56,15 +56,20 @@ def parse_json(body: bytes) -> dict:
     return data
 
 
+def _bad(param: str, problem: str, code: str = "invalid_value") -> OpenAIError:
+    """A 400 that names the field: "'param' problem"."""
+    return invalid(f"'{param}' {problem}", param, code)
+
+
 def _number(data: dict, name: str, default: float, lo: float, hi: float, lo_open=False) -> float:
     value = data.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise invalid(f"'{name}' must be a number.", name, "invalid_type")
+        raise _bad(name, "must be a number.", "invalid_type")
     if value > hi or value < lo or (lo_open and value == lo):
         bracket = "(" if lo_open else "["
-        raise invalid(f"'{name}' must be in {bracket}{lo:g}, {hi:g}].", name, "invalid_value")
+        raise _bad(name, f"must be in {bracket}{lo:g}, {hi:g}].")
     return float(value)
 
 
@@ -73,10 +78,10 @@ def _int(data: dict, name: str, lo: int, hi: int | None = None) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(f"'{name}' must be an integer.", name, "invalid_type")
+        raise _bad(name, "must be an integer.", "invalid_type")
     if value < lo or (hi is not None and value > hi):
         upper = f" and at most {hi}" if hi is not None else ""
-        raise invalid(f"'{name}' must be at least {lo}{upper}.", name, "invalid_value")
+        raise _bad(name, f"must be at least {lo}{upper}.")
     return value
 
 
@@ -85,7 +90,7 @@ def _bool(data: dict, name: str, container: str = "") -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise invalid(f"'{container}{name}' must be a boolean.", container + name, "invalid_type")
+        raise _bad(container + name, "must be a boolean.", "invalid_type")
     return value
 
 
@@ -94,50 +99,39 @@ def _optional_str(data: dict, name: str, max_len: int) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise invalid(f"'{name}' must be a string.", name, "invalid_type")
+        raise _bad(name, "must be a string.", "invalid_type")
     if len(value) > max_len:
-        raise invalid(f"'{name}' is longer than {max_len} characters.", name, "invalid_value")
+        raise _bad(name, f"is longer than {max_len} characters.")
     return value
 
 
 def _messages(value) -> list[dict]:
     if not isinstance(value, list):
-        raise invalid("'messages' must be an array of message objects.", "messages", "invalid_type")
+        raise _bad("messages", "must be an array of message objects.", "invalid_type")
     if not value:
-        raise invalid("'messages' must not be empty.", "messages", "empty_array")
+        raise _bad("messages", "must not be empty.", "empty_array")
     for i, msg in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
-            raise invalid(f"'{where}' must be an object.", where, "invalid_type")
+            raise _bad(where, "must be an object.", "invalid_type")
         role = msg.get("role")
         if role not in ROLES:
-            raise invalid(
-                f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}.",
-                f"{where}.role",
-                "invalid_value",
-            )
+            raise _bad(f"{where}.role", f"must be one of {', '.join(ROLES)}; got {role!r}.")
         content = msg.get("content")
         if content is None and role != "assistant":
-            raise invalid(f"'{where}.content' is required.", f"{where}.content", "invalid_type")
+            raise _bad(f"{where}.content", "is required.", "invalid_type")
         if content is not None and not isinstance(content, str | list):
-            raise invalid(
-                f"'{where}.content' must be a string or an array of text parts.",
-                f"{where}.content",
-                "invalid_type",
-            )
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                if (
-                    not isinstance(part, dict)
-                    or part.get("type") != "text"
-                    or not isinstance(part.get("text"), str)
-                ):
-                    raise invalid(
-                        f"'{where}.content[{j}]' must be a text part; other kinds are not "
-                        "supported by this model.",
-                        f"{where}.content",
-                        "invalid_value",
-                    )
+            raise _bad(f"{where}.content", "must be a string or an array of text parts.",
+                       "invalid_type")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise invalid(
+                    f"'{where}.content[{j}]' must be a text part; other kinds are not "
+                    "supported by this model.",
+                    f"{where}.content",
+                    "invalid_value",
+                )
     if value[-1].get("role") == "assistant":
         raise invalid(
             "The last message must not be an assistant message: there is nothing to reply to.",
@@ -152,29 +146,23 @@ def _stop(value) -> list[str]:
         return []
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid("'stop' must be a string or an array of strings.", "stop", "invalid_type")
+        raise _bad("stop", "must be a string or an array of strings.", "invalid_type")
     if len(stops) > MAX_STOP or any(not s for s in stops):
-        raise invalid(
-            f"'stop' takes at most {MAX_STOP} non-empty strings.", "stop", "invalid_value"
-        )
+        raise _bad("stop", f"takes at most {MAX_STOP} non-empty strings.")
     return stops
 
 
 def parse_completion_request(data: dict) -> CompletionRequest:
     model = data.get("model")
     if not isinstance(model, str) or not model:
-        raise invalid("'model' is required and must be a string.", "model", "invalid_type")
+        raise _bad("model", "is required and must be a string.", "invalid_type")
     messages = _messages(data.get("messages"))
     options = data.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise invalid("'stream_options' must be an object.", "stream_options", "invalid_type")
+        raise _bad("stream_options", "must be an object.", "invalid_type")
     stream = _bool(data, "stream")
     if options is not None and not stream:
-        raise invalid(
-            "'stream_options' is only allowed when 'stream' is true.",
-            "stream_options",
-            "invalid_value",
-        )
+        raise _bad("stream_options", "is only allowed when 'stream' is true.")
     max_tokens = _int(data, "max_tokens", 1)
     max_completion = _int(data, "max_completion_tokens", 1)
     return CompletionRequest(

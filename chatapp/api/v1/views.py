@@ -43,15 +43,6 @@ async def _authorize(request: HttpRequest) -> ApiKey:
     return key
 
 
-def _body(request: HttpRequest) -> bytes:
-    try:
-        return request.body
-    except RequestDataTooBig:
-        raise OpenAIError(
-            413, "The request body is too large.", code="request_too_large"
-        ) from None
-
-
 def _method_not_allowed(allowed: str) -> JsonResponse:
     resp = OpenAIError(405, f"Method not allowed; use {allowed}.", code="method_not_allowed")
     out = resp.response()
@@ -66,7 +57,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     slot: Slot | None = None
     try:
         key = await _authorize(request)
-        req = parse_completion_request(parse_json(_body(request)))
+        req = parse_completion_request(parse_json(request.body))
         completions.check_model(req.model)
         try:
             slot = limiter.acquire(key)
@@ -87,6 +78,9 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         return JsonResponse(completion.completion_body())
     except OpenAIError as exc:
         return exc.response()
+    except RequestDataTooBig:
+        too_big = OpenAIError(413, "The request body is too large.", code="request_too_large")
+        return too_big.response()
     except Exception:
         log.exception("chat completion failed")
         return internal().response()
@@ -139,25 +133,19 @@ def _model(name: str) -> dict:
     return {"id": name, "object": "model", "created": MODEL_CREATED, "owned_by": "prefixchat"}
 
 
-async def models(request: HttpRequest) -> HttpResponse:
+async def models(request: HttpRequest, model: str | None = None) -> HttpResponse:
+    """/v1/models, or one model's entry when the URL names it."""
     if request.method != "GET":
         return _method_not_allowed("GET")
     try:
         await _authorize(request)
+        if model is not None:
+            completions.check_model(model)
     except OpenAIError as exc:
         return exc.response()
+    if model is not None:
+        return JsonResponse(_model(model))
     return JsonResponse({"object": "list", "data": [_model(m) for m in completions.model_ids()]})
-
-
-async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
-    if request.method != "GET":
-        return _method_not_allowed("GET")
-    try:
-        await _authorize(request)
-        completions.check_model(model)
-    except OpenAIError as exc:
-        return exc.response()
-    return JsonResponse(_model(model))
 
 
 @csrf_exempt

@@ -22,18 +22,12 @@ class Command(BaseCommand):
         if User.objects.filter(is_superuser=True).exists():
             self.stdout.write("An admin account exists; log in at http://127.0.0.1:8000/")
             return
-        password = os.environ.get("PREFIXCHAT_ADMIN_PASSWORD")
-        generated = not password
-        if generated:
-            password = secrets.token_urlsafe(12)
+        given = os.environ.get("PREFIXCHAT_ADMIN_PASSWORD")
+        password = given or secrets.token_urlsafe(12)
         User.objects.create_superuser(username=username, email="", password=password)
         self.stdout.write(self.style.SUCCESS(f"Created admin account {username!r}."))
-        if generated:
-            self.stdout.write(
-                f"Log in at http://127.0.0.1:8000/ as {username!r} with password {password!r}\n"
-                "(set PREFIXCHAT_ADMIN_PASSWORD to choose it; change it under /admin/)."
-            )
-        else:
-            self.stdout.write(
-                f"Log in at http://127.0.0.1:8000/ as {username!r} with $PREFIXCHAT_ADMIN_PASSWORD."
-            )
+        how = "$PREFIXCHAT_ADMIN_PASSWORD" if given else (
+            f"password {password!r}\n"
+            "(set PREFIXCHAT_ADMIN_PASSWORD to choose it; change it under /admin/)"
+        )
+        self.stdout.write(f"Log in at http://127.0.0.1:8000/ as {username!r} with {how}.")
