@@ -1,8 +1,5 @@
-"""The conversations API's reads that shape data (tree, export) and its reply stream.
-
-Writes go through chatapp.chat.services and replies through
-chatapp.generation.replies; nothing here changes a conversation by itself.
-"""
+"""The conversations API's reads that shape data (tree, export) and its reply stream;
+writes go through chatapp.chat.services and chatapp.generation.replies."""
 
 from __future__ import annotations
 

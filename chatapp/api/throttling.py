@@ -10,8 +10,7 @@ class ApiKeyRateThrottle(BaseThrottle):
     """The per-key requests-per-minute limit on /api/ (DRF turns it into 429 + Retry-After).
     Browser sessions are not limited here: they are people, not integrations."""
 
-    def __init__(self):
-        self._wait: int | None = None
+    _wait: int | None = None
 
     def allow_request(self, request, view) -> bool:
         if not isinstance(request.auth, ApiKey):

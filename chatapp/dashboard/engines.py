@@ -1,8 +1,5 @@
-"""This process's engine, seen from the dashboard without ever loading it.
-
-The dashboard must not start a model load (seconds, gigabytes) because someone
-opened a page: it only looks at the engine the chat service already loaded.
-"""
+"""This process's engine, seen from the dashboard without ever loading it: opening a
+page must not start a model load (seconds, gigabytes)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Web request metrics for /metrics: counts and latency by view and status.
-
-Labelled by the resolved URL name, never the raw path, so ids in URLs cannot
-grow the number of series without bound.
-"""
+"""Web request metrics for /metrics: counts and latency by view and status, labelled by
+the resolved URL name, never the raw path (ids in URLs would grow the series unbounded)."""
 
 from __future__ import annotations
 

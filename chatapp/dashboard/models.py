@@ -29,6 +29,12 @@ class EngineStatus(models.Model):
     def __str__(self) -> str:
         return self.engine_id
 
+    @property
+    def reset_pending(self) -> bool:
+        """A reset was asked for and has not been carried out since."""
+        requested, done = self.reset_requested_at, self.reset_done_at
+        return requested is not None and (done is None or done < requested)
+
 
 class EngineSample(models.Model):
     """An engine's counters at one moment; the charts difference consecutive samples."""

@@ -67,11 +67,8 @@ def prefix_cache_reset_local(*, engine, engine_id: str) -> None:
 def _apply_requested_reset(engine, engine_id: str) -> None:
     """Carry out a reset the dashboard of some web process asked of this engine."""
     status = EngineStatus.objects.filter(engine_id=engine_id).first()
-    if status is None or status.reset_requested_at is None:
-        return
-    if status.reset_done_at is not None and status.reset_done_at >= status.reset_requested_at:
-        return
-    prefix_cache_reset_local(engine=engine, engine_id=engine_id)
+    if status is not None and status.reset_pending:
+        prefix_cache_reset_local(engine=engine, engine_id=engine_id)
 
 
 def engine_sample_local() -> bool:

@@ -52,15 +52,12 @@ def engine_reports(*, now: datetime | None = None) -> list[EngineReport]:
         log.warning("Engine reports unreadable; showing this process's engine only", exc_info=True)
         statuses = {}
     for engine_id, status in sorted(statuses.items()):
-        pending = status.reset_requested_at is not None and (
-            status.reset_done_at is None or status.reset_done_at < status.reset_requested_at
-        )
         if local is not None and engine_id == local.get("engine_id"):
-            reports[0].reset_pending = pending
+            reports[0].reset_pending = status.reset_pending
             continue
         reports.append(EngineReport(
             engine_id, status.snapshot, status.reported_at, False,
-            now - status.reported_at > stale_after, pending,
+            now - status.reported_at > stale_after, status.reset_pending,
         ))
     return reports
 
@@ -155,11 +152,8 @@ def _replies_by_request_id(request_ids: list[str]) -> dict[str, Message]:
 def recent_requests(*, reports: list[EngineReport], limit: int = RECENT_ROWS) -> list[dict]:
     """The latest finished requests of every engine, with why their match ended there: a
     chat reply's own receipt (it knows the previous turn), else the engine's."""
-    items = []
-    for r in reports:
-        bs = r.snapshot.get("block_size") or 0
-        for req in list(r.snapshot.get("recent_requests") or [])[-limit:]:
-            items.append((r.engine_id, bs, req))
+    items = [(r.engine_id, r.snapshot.get("block_size") or 0, req) for r in reports
+             for req in list(r.snapshot.get("recent_requests") or [])[-limit:]]
     replies = _replies_by_request_id([req.get("request_id", "") for _, _, req in items])
     rows = []
     for engine_id, bs, req in reversed(items):

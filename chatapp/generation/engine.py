@@ -24,26 +24,15 @@ _tokenizer = None
 def engine_config():
     from inference import EngineConfig
 
-    kwargs = {
-        "model": settings.LLM_MODEL,
-        "device": settings.LLM_DEVICE,
-        "dtype": settings.LLM_DTYPE,
-        "block_size": settings.LLM_BLOCK_SIZE,
-        "model_cache_dir": settings.LLM_MODEL_CACHE,
-        "engine_id": settings.LLM_ENGINE_ID,
-    }
     # Unset sizes (None) leave EngineConfig's defaults.
-    for name, value in (
-        ("num_blocks", settings.LLM_NUM_BLOCKS),
-        ("max_num_seqs", settings.LLM_MAX_NUM_SEQS),
-        ("max_model_len", settings.LLM_MAX_MODEL_LEN),
-        ("weight_dtype", settings.LLM_WEIGHT_DTYPE),
-        ("kv_offload_bytes", settings.LLM_KV_OFFLOAD_BYTES),
-        ("kv_dir", settings.LLM_KV_DIR),
-    ):
-        if value:
-            kwargs[name] = value
-    return EngineConfig(**kwargs)
+    sizes = {"num_blocks": settings.LLM_NUM_BLOCKS, "max_num_seqs": settings.LLM_MAX_NUM_SEQS,
+             "max_model_len": settings.LLM_MAX_MODEL_LEN, "weight_dtype": settings.LLM_WEIGHT_DTYPE,
+             "kv_offload_bytes": settings.LLM_KV_OFFLOAD_BYTES, "kv_dir": settings.LLM_KV_DIR}
+    return EngineConfig(
+        model=settings.LLM_MODEL, device=settings.LLM_DEVICE, dtype=settings.LLM_DTYPE,
+        block_size=settings.LLM_BLOCK_SIZE, model_cache_dir=settings.LLM_MODEL_CACHE,
+        engine_id=settings.LLM_ENGINE_ID, **{k: v for k, v in sizes.items() if v},
+    )
 
 
 def get_engine():

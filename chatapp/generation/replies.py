@@ -107,11 +107,9 @@ def delete_conversation(*, conversation: Conversation) -> None:
 
 
 async def prewarm(conversation: Conversation) -> int:
-    """Bring the conversation's blocks back into this process's engine from its host/disk
-    tier (bounded by CHAT_PREWARM_MAX_BLOCKS; skipped when the conversation's replies go
-    to workers); returns the blocks restored. Waits for an engine still loading (a page
-    opened right after a restart); cancelling the call (the page closed) leaves the
-    engine as it was."""
+    """Bring the conversation's blocks back from this engine's host/disk tier (at most
+    CHAT_PREWARM_MAX_BLOCKS; not when its replies go to workers); returns the blocks
+    restored. Waits for an engine still loading; cancelling leaves the engine as it was."""
     # Without a host/disk tier nothing can come back: no engine load, no queries.
     has_tier = settings.LLM_KV_DIR or settings.LLM_KV_OFFLOAD_BYTES
     if not (settings.CHAT_PREWARM and has_tier) or await database_sync_to_async(
@@ -172,13 +170,11 @@ async def _announce_failed(reply_id: int, error: str | None = None) -> dict:
 
 
 async def run_reply(reply_id: int, *, lease: str = "") -> dict:
-    """Generate the pending reply `reply_id` to the end (done, stopped or error).
-
-    Returns the final message dict, also sent to the group as `message.done`.
-    Cancelling the task aborts the engine request and keeps the partial reply as stopped.
-    `lease` is a worker's claim (lifecycle.reply_claim): the reply is written only
-    while the claim holds, and a stop asked for by another process is polled for.
-    """
+    """Generate the pending reply `reply_id` to the end (done, stopped or error); returns
+    the final message dict, also sent to the group as `message.done`. Cancelling the task
+    aborts the engine request and keeps the partial reply as stopped. `lease` is a worker's
+    claim (lifecycle.reply_claim): the reply is written only while the claim holds, and a
+    stop asked for by another process is polled for."""
     _running.add(reply_id)
     watchers = [asyncio.create_task(_heartbeat(reply_id, lease))]
     if lease:
