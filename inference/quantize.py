@@ -23,7 +23,7 @@ from kernels.quant_linear import KINDS, QuantizedWeight, quantize
 log = logging.getLogger(__name__)
 
 # Bump when the stored layout changes (kernels/quant_linear's docstring describes it).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FORMAT_NAME = "prefixchat-quantized-linear"
 
 
@@ -31,9 +31,10 @@ def _expected(layer, kind: str) -> dict[str, tuple[torch.dtype, tuple[int, ...]]
     """The dtypes and shapes a layer's stored tensors must have."""
     in_pad = -(-layer.in_features // 64) * 64
     out = layer.out_features
+    scale = (torch.bfloat16, (out, in_pad // 32))
     if kind == "int8":
-        return {"data": (torch.int8, (out, in_pad)), "scale": (torch.float32, (out,))}
-    return {"data": (torch.uint8, (out, in_pad // 2)), "scale": (torch.bfloat16, (out, in_pad // 32))}
+        return {"data": (torch.int8, (out, in_pad)), "scale": scale}
+    return {"data": (torch.uint8, (out, in_pad // 2)), "scale": scale}
 
 
 def load_cached(path: Path, layers: dict, kind: str) -> dict[str, QuantizedWeight]:

@@ -1,10 +1,13 @@
-"""Weight-only quantized linear layers: int8 per output row, int4 per group of 32.
+"""Weight-only quantized linear layers: int8 and int4, each per group of 32 columns.
 
 Decoding one sequence reads every weight once per token, so its speed is the
 memory bandwidth over the weights' size: int8 halves bf16's bytes, int4 (4.5 bits
 a weight with its scales) nearly quarters them.
 
-- int8: q = round(w / s) in [-127, 127] with one fp32 scale per output row.
+- int8: q = round(w / s) in [-127, 127] with one bf16 scale per group: 8.5 bits a
+  weight, as llama.cpp's Q8_0. (One scale per row saves the half bit but lets a
+  row's largest weight set the step of all its others: on SmolLM2 it moved the
+  held-text log-prob 0.23 % from bf16's, against 0.04 % with groups.)
 - int4: groups of 32 columns, q in [-8, 7] with one bf16 scale per group, chosen
   near llama.cpp's Q4_0 choice (the value of largest magnitude maps to -8) to
   minimise the group's squared error. Groups of
@@ -53,7 +56,7 @@ class QuantizedWeight:
 
     kind: str
     data: torch.Tensor  # int8 [out, in_pad] or uint8 nibbles [out, in_pad / 2]
-    scale: torch.Tensor  # fp32 [out] or bf16 [out, in_pad / 32]
+    scale: torch.Tensor  # bf16 [out, in_pad / 32]
     in_features: int
 
     @property
@@ -77,6 +80,13 @@ def _pad_columns(w: torch.Tensor) -> torch.Tensor:
     return F.pad(w, (0, padded(w.shape[1]) - w.shape[1]))
 
 
+def _bf16_at_least(x: torch.Tensor) -> torch.Tensor:
+    """The smallest bf16 values >= x (x >= 0), as fp32."""
+    b = x.to(torch.bfloat16)
+    up = (b.view(torch.int16) + 1).view(torch.bfloat16)  # the next bf16 up, for b >= 0
+    return torch.where(b.float() < x, up.float(), b.float())
+
+
 def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
     """Quantize a float weight [out, in]; the result lives on the weight's device."""
     if kind not in KINDS:
@@ -91,13 +101,15 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
         return QuantizedWeight(kind, torch.cat([p.data for p in parts]),
                                torch.cat([p.scale for p in parts]), weight.shape[1])
     w = _pad_columns(weight.detach().float())
-    if kind == "int8":
-        scale = w.abs().amax(dim=1) / 127
-        inv = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
-        q = (w * inv[:, None]).round_().clamp_(-127, 127).to(torch.int8)
-        return QuantizedWeight(kind, q.contiguous(), scale.contiguous(), weight.shape[1])
     out, in_pad = w.shape
     groups = w.view(out, in_pad // GROUP, GROUP)
+    if kind == "int8":
+        # The bf16 scale rounded up, so that the group's extreme stays within 127 steps.
+        s = _bf16_at_least(groups.abs().amax(dim=2, keepdim=True) / 127)
+        inv = torch.where(s > 0, 1 / s, torch.zeros_like(s))
+        q = (groups * inv).round_().clamp_(-127, 127).to(torch.int8)
+        return QuantizedWeight(kind, q.view(out, in_pad).contiguous(),
+                               s.to(torch.bfloat16).view(out, -1).contiguous(), weight.shape[1])
     # The value of largest magnitude, with its sign, maps to about -8: each group keeps
     # whichever of a few scales near that gives it the least squared error.
     extreme = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True))
@@ -125,13 +137,12 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch
     """The weight [out, in] in dtype, in torch: the reference the kernels are held to."""
     out = qw.out_features
     if qw.kind == "int8":
-        w = qw.data.float() * qw.scale[:, None]
+        q = qw.data.view(out, -1, GROUP).float()
     else:
         low, high = qw.data & 0x0F, qw.data >> 4
-        in_pad = qw.data.shape[1] * 2
         chunks = torch.stack((low.view(out, -1, GROUP), high.view(out, -1, GROUP)), dim=2)
-        q = chunks.view(out, in_pad // GROUP, GROUP).float() - 8
-        w = (q * qw.scale.float()[:, :, None]).view(out, in_pad)
+        q = chunks.view(out, -1, GROUP).float() - 8
+    w = (q * qw.scale.float()[:, :, None]).view(out, -1)
     return w[:, : qw.in_features].to(dtype)
 
 

@@ -2,8 +2,9 @@
 
    Weights W [out, in] are stored with each row padded with zeros to in_pad, a
    multiple of 64:
-   - int8: symmetric per output row, q = round(w / s[o]) in [-127, 127], int8
-     [out, in_pad], fp32 scales [out].
+   - int8: symmetric per group of 32 along a row, q = round(w / s) in [-127, 127],
+     int8 [out, in_pad], bf16 scales [out, in_pad / 32] (llama.cpp's Q8_0 layout of
+     bits: 8.5 a weight).
    - int4: symmetric per group of 32 along a row, q in [-8, 7] stored as the
      nibble q + 8, two per byte: in each 64-column chunk, byte j holds column j in
      its low nibble and column 32 + j in its high one, so one load and a shift give
@@ -19,7 +20,6 @@
    Decoding is bound by reading the weights, which this reads at their packed size. */
 
 #include <stdlib.h>
-#include <string.h>
 
 #include "vec.h"
 
@@ -78,20 +78,29 @@ static inline __attribute__((always_inline)) void sum_rows(
     }
 }
 
-/* The R rows' dot products with one int8 weight row (its scale applied last). */
+static inline __m512 bf16_scale(uint16_t s) {
+    return _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)s << 16)));
+}
+
+/* The R rows' dot products with one int8 weight row: each weight dequantized as
+   q * s of its group of 32. */
 static inline __attribute__((always_inline)) void dot_int8(
-    const int8_t *w, const float *xf, int64_t in_pad, const int R, float *res, float scale) {
+    const int8_t *w, const uint16_t *ws, const float *xf, int64_t in_pad, const int R,
+    float *res) {
     __m512 acc[MAX_ROWS][4];
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < in_pad; k += 64) {
+        const __m512 s[2] = {bf16_scale(ws[k / 32]), bf16_scale(ws[k / 32 + 1])};
         __m512 w4[4];
         for (int j = 0; j < 4; j++)
-            w4[j] = _mm512_cvtepi32_ps(
-                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + k + 16 * j))));
+            w4[j] = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + k + 16 * j)))),
+                s[j / 2]);
         fma_rows(acc, w4, xf, in_pad, k, R);
     }
-    sum_rows(acc, R, scale, res);
+    sum_rows(acc, R, 1.0f, res);
 }
 
 /* The same with one int4 weight row. Each group's 16 possible weights, (q - 8) * s,
@@ -105,10 +114,8 @@ static inline __attribute__((always_inline)) void dot_int4(
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < in_pad; k += 64) {
-        const __m512 t0 = _mm512_mul_ps(
-            levels, _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)ws[k / 32] << 16))));
-        const __m512 t1 = _mm512_mul_ps(
-            levels, _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)ws[k / 32 + 1] << 16))));
+        const __m512 t0 = _mm512_mul_ps(levels, bf16_scale(ws[k / 32]));
+        const __m512 t1 = _mm512_mul_ps(levels, bf16_scale(ws[k / 32 + 1]));
         /* bytes 0-15: columns 0-15 (low nibbles) and 32-47 (high); bytes 16-31: 16-31, 48-63 */
         __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k / 2)));
         __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k / 2 + 16)));
@@ -148,13 +155,13 @@ static inline __attribute__((always_inline)) void dot_int4(
 /* y[rows, out] = x[rows, in] W^T for int8 W; rows 1..8. Returns 0, 1 for no memory,
    2 for a bad shape. */
 int quant_linear_int8(const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad,
-                      const int8_t *w, const float *w_scale, int64_t out, void *y, int y_bf16,
-                      int threads) {
+                      const int8_t *w, const uint16_t *w_scale, int64_t out, void *y,
+                      int y_bf16, int threads) {
     if (rows < 1 || rows > MAX_ROWS || in_pad % 64 || in > in_pad) return 2;
     float *xf = widen_rows(x, x_bf16, rows, in, in_pad);
     if (!xf) return 1;
     int64_t tiles = (out + TILE - 1) / TILE;
-#define DOT8(R) dot_int8(w + o * in_pad, xf, in_pad, R, res, w_scale[o])
+#define DOT8(R) dot_int8(w + o * in_pad, w_scale + o * in_pad / 32, xf, in_pad, R, res)
     /* A thread wake-up costs more than a small matrix's work. */
 #pragma omp parallel for schedule(static) num_threads(threads) if (out * in_pad >= 65536)
     for (int64_t t = 0; t < tiles; t++) {
@@ -166,7 +173,7 @@ int quant_linear_int8(const void *x, int x_bf16, int64_t rows, int64_t in, int64
     return 0;
 }
 
-/* The same for int4 W (packed nibbles, bf16 group scales). */
+/* The same for int4 W (packed nibbles). */
 int quant_linear_int4(const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad,
                       const uint8_t *w, const uint16_t *w_scale, int64_t out, void *y,
                       int y_bf16, int threads) {
@@ -195,15 +202,16 @@ static inline void store_row(void *dst, int bf16, int64_t i, __m512 v, __mmask16
 }
 
 /* W as bf16 or fp32 [out, in] (the padding dropped), for many-row matmuls. */
-void dequant_int8(const int8_t *w, const float *w_scale, int64_t out, int64_t in,
+void dequant_int8(const int8_t *w, const uint16_t *w_scale, int64_t out, int64_t in,
                        int64_t in_pad, void *dst, int bf16, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (out * in >= 65536)
     for (int64_t o = 0; o < out; o++) {
-        const __m512 s = _mm512_set1_ps(w_scale[o]);
+        const uint16_t *sc = w_scale + o * in_pad / 32;
         for (int64_t c = 0; c < in; c += 16) {
             __mmask16 m = tail_mask(in - c);
             __m128i q = _mm_maskz_loadu_epi8(m, w + o * in_pad + c);
-            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), s);
+            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
+                                     bf16_scale(sc[c / 32]));
             store_row(dst, bf16, o * in + c, v, m);
         }
     }
@@ -222,10 +230,7 @@ void dequant_int4(const uint8_t *w, const uint16_t *w_scale, int64_t out, int64_
             if (j >= 32) b = _mm_srli_epi16(b, 4);
             b = _mm_and_si128(b, _mm_set1_epi8(0x0F));
             __m512i q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(8));
-            float s;
-            uint32_t bits = (uint32_t)sc[c / 32] << 16;
-            memcpy(&s, &bits, 4);
-            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(s));
+            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(q), bf16_scale(sc[c / 32]));
             store_row(dst, bf16, o * in + c, v, m);
         }
     }
