@@ -1,24 +1,25 @@
-"""Weight-only quantized linear layers: int8 and int4, each per group of 32 columns.
+"""Weight-only quantized linear layers: llama.cpp's Q8_0 and Q4_1 layouts of bits.
 
 Decoding one sequence reads every weight once per token, so its speed is the
-memory bandwidth over the weights' size: int8 halves bf16's bytes, int4 (4.5 bits
-a weight with its scales) nearly quarters them.
+memory bandwidth over the weights' size: int8 (8.5 bits a weight with its scales)
+halves bf16's bytes, int4 (5 bits) nearly quarters them.
 
-- int8: q = round(w / s) in [-127, 127] with one bf16 scale per group: 8.5 bits a
-  weight, as llama.cpp's Q8_0. (One scale per row saves the half bit but lets a
-  row's largest weight set the step of all its others: on SmolLM2 it moved the
-  held-text log-prob 0.23 % from bf16's, against 0.04 % with groups.)
-- int4: groups of 32 columns, q in [-8, 7] with one bf16 scale per group, chosen
-  near llama.cpp's Q4_0 choice (the value of largest magnitude maps to -8) to
-  minimise the group's squared error. Groups of
-  32 rather than 64: SmolLM2's shipped weights are Q4_1 in blocks of 32, so our
-  groups fall on theirs, and the activations are quantized per 32 columns too,
-  which makes each group one integer dot product; the finer scales cost 0.25 bit
-  a weight more than 64 would.
+Both work on groups of 32 columns of a row, with fp16 scales:
+- int8: w = q * d, q = round(w / d) in [-127, 127], d = the group's largest
+  magnitude / 127. (One scale per row saves half a bit but lets a row's largest
+  weight set the step of all its others: it doubled SmolLM2's KL from bf16.)
+- int4: w = q * d + m, q in [0, 15], m = the group's minimum, d = its range / 15.
+  An offset costs half a bit over a symmetric scale but puts all 16 levels
+  inside the group's range.
+
+These are the grids of GGUF's Q8_0 and Q4_1, and a GGUF weight read as floats
+has its group's extremes on levels 0/15 (±127 for Q8_0), so quantizing it again
+finds the same d, m and q: SmolLM2's shipped Q4_1 (and Q8_0 head) come back
+exactly, where bf16 rounds them.
 
 Rows are stored padded with zeros to a multiple of 64 columns (the kernel's
-vector width); int4 packs two nibbles (q + 8) a byte, column j of each 64-column
-chunk in the low nibble of its byte j and column 32 + j in the high one.
+vector width); int4 packs two nibbles a byte, column j of each 64-column chunk in
+the low nibble of its byte j and column 32 + j in the high one.
 
 A few rows (decode) run in C (kernels/csrc/quant_linear.c), which dequantizes each
 weight in registers and keeps the activations exact; more rows dequantize the
@@ -40,9 +41,6 @@ from kernels import cpu_kernels
 KINDS = ("int8", "int4")
 GROUP = 32
 PAD = 64
-# Scales tried for each int4 group, as the number of steps from 0 to its extreme value:
-# searching them cut SmolLM2's held-text log-prob loss from 4.4 % to 3.3 %.
-INT4_STEPS = (8.0, 7.75, 7.5, 7.25, 7.0, 8.25, 8.5)
 CHUNK_ROWS = 4096
 # Many-row matmuls dequantize slices of about this size (see quant_linear).
 DEQUANT_TILE_BYTES = 4 << 20
@@ -56,7 +54,7 @@ class QuantizedWeight:
 
     kind: str
     data: torch.Tensor  # int8 [out, in_pad] or uint8 nibbles [out, in_pad / 2]
-    scale: torch.Tensor  # bf16 [out, in_pad / 32]
+    scale: torch.Tensor  # fp16 d [out, in_pad / 32], or (d, m) [out, in_pad / 32, 2]
     in_features: int
 
     @property
@@ -80,13 +78,6 @@ def _pad_columns(w: torch.Tensor) -> torch.Tensor:
     return F.pad(w, (0, padded(w.shape[1]) - w.shape[1]))
 
 
-def _bf16_at_least(x: torch.Tensor) -> torch.Tensor:
-    """The smallest bf16 values >= x (x >= 0), as fp32."""
-    b = x.to(torch.bfloat16)
-    up = (b.view(torch.int16) + 1).view(torch.bfloat16)  # the next bf16 up, for b >= 0
-    return torch.where(b.float() < x, up.float(), b.float())
-
-
 def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
     """Quantize a float weight [out, in]; the result lives on the weight's device."""
     if kind not in KINDS:
@@ -104,45 +95,34 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
     out, in_pad = w.shape
     groups = w.view(out, in_pad // GROUP, GROUP)
     if kind == "int8":
-        # The bf16 scale rounded up, so that the group's extreme stays within 127 steps.
-        s = _bf16_at_least(groups.abs().amax(dim=2, keepdim=True) / 127)
-        inv = torch.where(s > 0, 1 / s, torch.zeros_like(s))
+        d = (groups.abs().amax(dim=2, keepdim=True) / 127).half().float()
+        inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
         q = (groups * inv).round_().clamp_(-127, 127).to(torch.int8)
         return QuantizedWeight(kind, q.view(out, in_pad).contiguous(),
-                               s.to(torch.bfloat16).view(out, -1).contiguous(), weight.shape[1])
-    # The value of largest magnitude, with its sign, maps to about -8: each group keeps
-    # whichever of a few scales near that gives it the least squared error.
-    extreme = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True))
-    best = None
-    for steps in INT4_STEPS:
-        s = (extreme / -steps).to(torch.bfloat16).float()
-        inv = torch.where(s != 0, 1 / s, torch.zeros_like(s))
-        q = (groups * inv).round_().clamp_(-8, 7)
-        err = (q * s - groups).square_().sum(2, keepdim=True)
-        if best is None:
-            best = err, q, s
-        else:
-            better = err < best[0]
-            best = tuple(torch.where(better, new, old) for new, old in zip((err, q, s), best, strict=True))
-    _, q, s = best
-    scale = s.to(torch.bfloat16)
-    nibbles = q.add_(8).to(torch.uint8)
+                               d.half().view(out, -1).contiguous(), weight.shape[1])
+    m = groups.amin(dim=2, keepdim=True).half().float()
+    d = ((groups.amax(dim=2, keepdim=True) - m) / 15).half().float()
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    nibbles = ((groups - m) * inv).round_().clamp_(0, 15).to(torch.uint8)
     chunks = nibbles.view(out, in_pad // PAD, 2, GROUP)
     packed = chunks[:, :, 0] | (chunks[:, :, 1] << 4)
+    scale = torch.cat((d, m), dim=2).half()
     return QuantizedWeight(kind, packed.reshape(out, in_pad // 2).contiguous(),
-                           scale.view(out, -1).contiguous(), weight.shape[1])
+                           scale.contiguous(), weight.shape[1])
 
 
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The weight [out, in] in dtype, in torch: the reference the kernels are held to."""
     out = qw.out_features
+    scale = qw.scale.float()
     if qw.kind == "int8":
-        q = qw.data.view(out, -1, GROUP).float()
+        w = qw.data.view(out, -1, GROUP).float() * scale[:, :, None]
     else:
         low, high = qw.data & 0x0F, qw.data >> 4
         chunks = torch.stack((low.view(out, -1, GROUP), high.view(out, -1, GROUP)), dim=2)
-        q = chunks.view(out, -1, GROUP).float() - 8
-    w = (q * qw.scale.float()[:, :, None]).view(out, -1)
+        q = chunks.view(out, -1, GROUP).float()
+        w = q * scale[:, :, :1] + scale[:, :, 1:]
+    w = w.view(out, -1)
     return w[:, : qw.in_features].to(dtype)
 
 

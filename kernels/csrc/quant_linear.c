@@ -3,12 +3,13 @@
    Weights W [out, in] are stored with each row padded with zeros to in_pad, a
    multiple of 64:
    - int8: symmetric per group of 32 along a row, q = round(w / s) in [-127, 127],
-     int8 [out, in_pad], bf16 scales [out, in_pad / 32] (llama.cpp's Q8_0 layout of
-     bits: 8.5 a weight).
-   - int4: symmetric per group of 32 along a row, q in [-8, 7] stored as the
-     nibble q + 8, two per byte: in each 64-column chunk, byte j holds column j in
-     its low nibble and column 32 + j in its high one, so one load and a shift give
-     the chunk's 64 columns in order. bf16 scales [out, in_pad / 32].
+     int8 [out, in_pad], fp16 scales [out, in_pad / 32] (llama.cpp's Q8_0: 8.5 bits a
+     weight).
+   - int4: per group of 32 along a row, w = q * d + m with q in [0, 15] (llama.cpp's
+     Q4_1: 5 bits a weight), two nibbles per byte: in each 64-column chunk, byte j
+     holds column j in its low nibble and column 32 + j in its high one, so one load
+     and a shift give the chunk's 64 columns in order. fp16 (d, m) pairs
+     [out, in_pad / 32, 2].
 
    A few rows of x [rows, in] (bf16 or fp32) multiply W with each weight dequantized
    in registers (q * s in fp32, as dequant_* writes it) and fp32 sums; each output is
@@ -26,7 +27,7 @@
 #define MAX_ROWS 8
 #define TILE 16
 
-/* x rows as fp32, each padded with zeros to in_pad (the weights' padding is zero too). */
+/* x rows as fp32, each padded with zeros to in_pad, so the padded weights add nothing. */
 static float *widen_rows(const void *x, int bf16, int64_t rows, int64_t in, int64_t in_pad) {
     float *xf = aligned_alloc(64, (size_t)(rows * in_pad) * sizeof(float));
     if (!xf) return NULL;
@@ -78,8 +79,9 @@ static inline __attribute__((always_inline)) void sum_rows(
     }
 }
 
-static inline __m512 bf16_scale(uint16_t s) {
-    return _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)s << 16)));
+/* An fp16 scale, broadcast as fp32. */
+static inline __m512 half_scale(uint16_t s) {
+    return _mm512_cvtph_ps(_mm256_set1_epi16((short)s));
 }
 
 /* The R rows' dot products with one int8 weight row: each weight dequantized as
@@ -91,7 +93,7 @@ static inline __attribute__((always_inline)) void dot_int8(
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < in_pad; k += 64) {
-        const __m512 s[2] = {bf16_scale(ws[k / 32]), bf16_scale(ws[k / 32 + 1])};
+        const __m512 s[2] = {half_scale(ws[k / 32]), half_scale(ws[k / 32 + 1])};
         __m512 w4[4];
         for (int j = 0; j < 4; j++)
             w4[j] = _mm512_mul_ps(
@@ -103,19 +105,20 @@ static inline __attribute__((always_inline)) void dot_int8(
     sum_rows(acc, R, 1.0f, res);
 }
 
-/* The same with one int4 weight row. Each group's 16 possible weights, (q - 8) * s,
+/* The same with one int4 weight row. Each group's 16 possible weights, q * d + m,
    make a table of one vector; a nibble, zero-extended to 32 bits, indexes it
    (vpermps reads the low 4 bits, so the high nibble needs only a shift). */
 static inline __attribute__((always_inline)) void dot_int4(
     const uint8_t *w, const uint16_t *ws, const float *xf, int64_t in_pad, const int R,
     float *res) {
     __m512 acc[MAX_ROWS][4];
-    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < in_pad; k += 64) {
-        const __m512 t0 = _mm512_mul_ps(levels, bf16_scale(ws[k / 32]));
-        const __m512 t1 = _mm512_mul_ps(levels, bf16_scale(ws[k / 32 + 1]));
+        const uint16_t *g = ws + k / 16; /* (d, m) of this chunk's two groups */
+        const __m512 t0 = _mm512_fmadd_ps(levels, half_scale(g[0]), half_scale(g[1]));
+        const __m512 t1 = _mm512_fmadd_ps(levels, half_scale(g[2]), half_scale(g[3]));
         /* bytes 0-15: columns 0-15 (low nibbles) and 32-47 (high); bytes 16-31: 16-31, 48-63 */
         __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k / 2)));
         __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k / 2 + 16)));
@@ -181,7 +184,7 @@ int quant_linear_int4(const void *x, int x_bf16, int64_t rows, int64_t in, int64
     float *xf = widen_rows(x, x_bf16, rows, in, in_pad);
     if (!xf) return 1;
     int64_t tiles = (out + TILE - 1) / TILE;
-#define DOT4(R) dot_int4(w + o * in_pad / 2, w_scale + o * in_pad / 32, xf, in_pad, R, res)
+#define DOT4(R) dot_int4(w + o * in_pad / 2, w_scale + o * in_pad / 16, xf, in_pad, R, res)
 #pragma omp parallel for schedule(static) num_threads(threads) if (out * in_pad >= 65536)
     for (int64_t t = 0; t < tiles; t++) {
         int64_t o0 = t * TILE;
@@ -211,7 +214,7 @@ void dequant_int8(const int8_t *w, const uint16_t *w_scale, int64_t out, int64_t
             __mmask16 m = tail_mask(in - c);
             __m128i q = _mm_maskz_loadu_epi8(m, w + o * in_pad + c);
             __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
-                                     bf16_scale(sc[c / 32]));
+                                     half_scale(sc[c / 32]));
             store_row(dst, bf16, o * in + c, v, m);
         }
     }
@@ -222,15 +225,16 @@ void dequant_int4(const uint8_t *w, const uint16_t *w_scale, int64_t out, int64_
 #pragma omp parallel for schedule(static) num_threads(threads) if (out * in >= 65536)
     for (int64_t o = 0; o < out; o++) {
         const uint8_t *row = w + o * in_pad / 2;
-        const uint16_t *sc = w_scale + o * in_pad / 32;
+        const uint16_t *sc = w_scale + o * in_pad / 16;
         for (int64_t c = 0; c < in; c += 16) {
             __mmask16 m = tail_mask(in - c);
             int64_t chunk = c / 64 * 64, j = c - chunk; /* j: 0, 16, 32 or 48 */
             __m128i b = _mm_loadu_si128((const __m128i *)(row + chunk / 2 + (j & 31)));
             if (j >= 32) b = _mm_srli_epi16(b, 4);
             b = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-            __m512i q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(8));
-            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(q), bf16_scale(sc[c / 32]));
+            __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+            const uint16_t *g = sc + c / 32 * 2;
+            __m512 v = _mm512_fmadd_ps(q, half_scale(g[0]), half_scale(g[1]));
             store_row(dst, bf16, o * in + c, v, m);
         }
     }
