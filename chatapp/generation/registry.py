@@ -9,7 +9,6 @@ view; with another every task goes to the shared queue.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -25,6 +24,9 @@ log = logging.getLogger(__name__)
 _PRIORITY_SEP = "\x06\x16"
 _PRIORITY_STEPS = (3, 6, 9)
 MISSED_BEATS = 3
+
+_client = None
+_client_key: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -50,14 +52,16 @@ def available() -> bool:
 
 def client():
     """A Redis client on the broker, one per process (a forked worker child makes its own)."""
-    return _client_for(os.getpid(), settings.CELERY_BROKER_URL)
+    global _client, _client_key
+    key = (os.getpid(), settings.CELERY_BROKER_URL)
+    if _client is None or _client_key != key:
+        import redis
 
-
-@functools.lru_cache(maxsize=1)
-def _client_for(pid: int, url: str):
-    import redis
-
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        _client = redis.Redis.from_url(
+            settings.CELERY_BROKER_URL, socket_timeout=2, socket_connect_timeout=2
+        )
+        _client_key = key
+    return _client
 
 
 def beat(worker_name: str, *, active: int, ready: bool = True) -> None:
