@@ -19,6 +19,8 @@
     python -m bench kernels-cuda        the Triton kernels on a CUDA device
     python -m bench quant               single-stream decode with bf16, int8 and int4
                                         linear weights, and each quantized matmul's time
+    python -m bench quant-quality       how far int8, int4 (and fp32) move the model
+                                        from bf16: greedy agreement, log-prob, KL
     python -m bench llamacpp build|compare  llama.cpp's llama-server built here, and
                                         our server against it on the same workloads
 
@@ -42,6 +44,7 @@ SUBCOMMANDS = {
     "kernels-cuda": "bench.kernels_cuda",
     "llamacpp": "bench.llamacpp",
     "quant": "bench.quant",
+    "quant-quality": "bench.quant_quality",
 }
 
 
