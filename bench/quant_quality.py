@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from bench.engine import greedy
 from bench.report import progress_log
 from inference import EngineConfig, LLMEngine, SamplingParams
 from inference.config import DEFAULT_MODEL
@@ -59,20 +60,19 @@ def engine_for(model: str, kind: str) -> LLMEngine:
     return LLMEngine(EngineConfig(model=model, weight_dtype=kind, num_blocks=512))
 
 
-def greedy(engine: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:
-    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    return [o[0].token_ids for o in engine.generate(prompts, params)]
+def replies(engine: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:
+    return [o[0].token_ids for o in engine.generate(prompts, greedy(n))]
 
 
-def logits(engine: LLMEngine, ids: list[int], chunks: list[int]) -> torch.Tensor:
-    """fp32 logits of the last position of each chunk of ids, nothing cached: one
-    chunk gives every position of a prefill, 1s give decode steps."""
+def logits(engine: LLMEngine, ids: list[int], chunks: list[int] | None = None) -> torch.Tensor:
+    """fp32 logits of the positions of ids, nothing cached, computed in the given
+    chunks (default: one, every position of a prefill; 1s are decode steps)."""
     engine.reset_prefix_cache()
     seq = Sequence(10**6, "quality", 0, ids, SamplingParams())
     engine.kv.admit(seq, engine.kv.find_cached_blocks(seq), 0)
     rows = []
     try:
-        for n in chunks:
+        for n in chunks or [len(ids)]:
             engine.kv.grow(seq, n)
             rows.append(engine.runner.full_logits([seq], [n]).float())
             seq.num_computed_tokens += n
@@ -81,14 +81,32 @@ def logits(engine: LLMEngine, ids: list[int], chunks: list[int]) -> torch.Tensor
     return torch.cat(rows)
 
 
-def forced_agreement(engine: LLMEngine, prompts, replies) -> float:
-    same = total = 0
-    for prompt, reply in zip(prompts, replies, strict=True):
-        rows = logits(engine, prompt + reply, [len(prompt)] + [1] * (len(reply) - 1))
-        picks = rows[len(prompt) - 1 :].argmax(-1).tolist()
-        same += sum(a == b for a, b in zip(picks, reply, strict=True))
-        total += len(reply)
-    return same / total
+def forced_choices(engine: LLMEngine, prompt: list[int], reply: list[int]) -> list[int]:
+    """The engine's greedy choice at each position of `reply` given the prompt and the
+    reply's earlier tokens: the prompt as one chunk, then one-row decode steps."""
+    rows = logits(engine, prompt + reply, [len(prompt)] + [1] * (len(reply) - 1))
+    return rows[len(prompt) - 1 :].argmax(-1).tolist()
+
+
+def log_probs(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
+    """fp64 log-probabilities of every next-token distribution along ids."""
+    return torch.log_softmax(logits(engine, ids).double(), dim=-1)
+
+
+def mean_log_prob(lp: torch.Tensor, ids: list[int]) -> float:
+    """The mean log-prob that distributions lp (from log_probs) give ids' next tokens."""
+    return lp[:-1].gather(1, torch.tensor(ids[1:])[:, None]).mean().item()
+
+
+def kl_divergence(ref: torch.Tensor, lp: torch.Tensor) -> float:
+    """Mean KL divergence of distributions lp from ref (log_probs), in nats a token."""
+    return (ref.exp() * (ref - lp)).sum(-1).mean().item()
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """The share of positions where replies a and b hold the same token."""
+    same = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
+    return same / sum(map(len, a))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -106,27 +124,25 @@ def main(argv: list[str] | None = None) -> dict:
                                        add_generation_prompt=True, return_dict=False)
                for p in PROMPTS]
     held = tok.encode(HELD_TEXT)
-    ref_replies = greedy(base, prompts, args.new_tokens)
-    ref_lp = torch.log_softmax(logits(base, held, [len(held)]).double(), -1)
-    targets = torch.tensor(held[1:])[:, None]
-    ref_mean = ref_lp[:-1].gather(1, targets).mean().item()
+    ref_replies = replies(base, prompts, args.new_tokens)
+    ref_lp = log_probs(base, held)
+    ref_mean = mean_log_prob(ref_lp, held)
 
     results = {}
     for kind in args.kinds.split(","):
         log(f"{kind} against bf16")
         engine = engine_for(args.model, kind)
-        replies = greedy(engine, prompts, args.new_tokens)
-        lp = torch.log_softmax(logits(engine, held, [len(held)]).double(), -1)
+        ours = replies(engine, prompts, args.new_tokens)
+        lp = log_probs(engine, held)
         results[kind] = {
-            "free": sum(a == b for r, o in zip(ref_replies, replies, strict=True)
-                        for a, b in zip(r, o, strict=True)) / sum(map(len, ref_replies)),
+            "free": agreement(ref_replies, ours),
             "first_difference": [next((i for i, (a, b) in enumerate(zip(r, o, strict=True))
                                        if a != b), len(r))
-                                 for r, o in zip(ref_replies, replies, strict=True)],
-            "forced": forced_agreement(engine, prompts, ref_replies),
-            "log_prob_change": abs(lp[:-1].gather(1, targets).mean().item() - ref_mean)
-            / abs(ref_mean),
-            "kl": (ref_lp.exp() * (ref_lp - lp)).sum(-1).mean().item(),
+                                 for r, o in zip(ref_replies, ours, strict=True)],
+            "forced": agreement(ref_replies, [forced_choices(engine, p, r)
+                                              for p, r in zip(prompts, ref_replies, strict=True)]),
+            "log_prob_change": abs(mean_log_prob(lp, held) - ref_mean) / abs(ref_mean),
+            "kl": kl_divergence(ref_lp, lp),
         }
         del engine
 

@@ -13,12 +13,11 @@ import os
 import tempfile
 from pathlib import Path
 
-import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from inference.loader import quantized_cache_path, resolve_model_path
-from kernels.quant_linear import KINDS, QuantizedWeight, quantize
+from kernels.quant_linear import KINDS, QuantizedWeight, quantize, stored_layout
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +34,6 @@ def layer_kind(name: str, kind: str) -> str:
     return "int8" if name == "lm_head" else kind
 
 
-def _expected(layer, kind: str) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    """The dtypes and shapes a layer's stored tensors must have."""
-    in_pad = -(-layer.in_features // 64) * 64
-    out = layer.out_features
-    if kind == "int8":
-        return {"data": (torch.int8, (out, in_pad)), "scale": (torch.float16, (out, in_pad // 32))}
-    return {"data": (torch.uint8, (out, in_pad // 2)),
-            "scale": (torch.float16, (out, in_pad // 32, 2))}
-
-
 def load_cached(path: Path, layers: dict, kind: str) -> dict[str, QuantizedWeight]:
     """Every layer's quantized weight from the file; ValueError if it does not fit."""
     with safe_open(str(path), framework="pt") as f:
@@ -55,7 +44,8 @@ def load_cached(path: Path, layers: dict, kind: str) -> dict[str, QuantizedWeigh
         out = {}
         for name, layer in layers.items():
             parts = {}
-            for part, (dtype, shape) in _expected(layer, layer_kind(name, kind)).items():
+            layout = stored_layout(layer_kind(name, kind), layer.out_features, layer.in_features)
+            for part, (dtype, shape) in layout.items():
                 t = f.get_tensor(f"{name}.{part}")
                 if t.dtype != dtype or tuple(t.shape) != shape:
                     raise ValueError(f"{name}.{part} is {t.dtype} {tuple(t.shape)}, not {dtype} {shape}")

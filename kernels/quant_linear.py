@@ -74,6 +74,15 @@ def padded(in_features: int) -> int:
     return -(-in_features // PAD) * PAD
 
 
+def stored_layout(kind: str, out: int, in_features: int) -> dict[str, tuple[torch.dtype, tuple]]:
+    """The dtype and shape of a weight's stored tensors ("data", "scale")."""
+    in_pad = padded(in_features)
+    if kind == "int8":
+        return {"data": (torch.int8, (out, in_pad)), "scale": (torch.float16, (out, in_pad // GROUP))}
+    return {"data": (torch.uint8, (out, in_pad // 2)),
+            "scale": (torch.float16, (out, in_pad // GROUP, 2))}
+
+
 def _pad_columns(w: torch.Tensor) -> torch.Tensor:
     return F.pad(w, (0, padded(w.shape[1]) - w.shape[1]))
 
@@ -95,20 +104,23 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
     out, in_pad = w.shape
     groups = w.view(out, in_pad // GROUP, GROUP)
     if kind == "int8":
-        d = (groups.abs().amax(dim=2, keepdim=True) / 127).half().float()
-        inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-        q = (groups * inv).round_().clamp_(-127, 127).to(torch.int8)
+        d = (groups.abs().amax(dim=2, keepdim=True) / 127).half()
+        q = (groups * _inverse(d)).round_().clamp_(-127, 127).to(torch.int8)
         return QuantizedWeight(kind, q.view(out, in_pad).contiguous(),
-                               d.half().view(out, -1).contiguous(), weight.shape[1])
-    m = groups.amin(dim=2, keepdim=True).half().float()
-    d = ((groups.amax(dim=2, keepdim=True) - m) / 15).half().float()
-    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    nibbles = ((groups - m) * inv).round_().clamp_(0, 15).to(torch.uint8)
+                               d.view(out, -1).contiguous(), weight.shape[1])
+    m = groups.amin(dim=2, keepdim=True).half()
+    d = ((groups.amax(dim=2, keepdim=True) - m.float()) / 15).half()
+    nibbles = ((groups - m.float()) * _inverse(d)).round_().clamp_(0, 15).to(torch.uint8)
     chunks = nibbles.view(out, in_pad // PAD, 2, GROUP)
     packed = chunks[:, :, 0] | (chunks[:, :, 1] << 4)
-    scale = torch.cat((d, m), dim=2).half()
     return QuantizedWeight(kind, packed.reshape(out, in_pad // 2).contiguous(),
-                           scale.contiguous(), weight.shape[1])
+                           torch.cat((d, m), dim=2).contiguous(), weight.shape[1])
+
+
+def _inverse(d: torch.Tensor) -> torch.Tensor:
+    """1 / d in fp32, 0 where d is 0 (a group of zeros quantizes to level 0)."""
+    d = d.float()
+    return torch.where(d > 0, 1 / d, torch.zeros_like(d))
 
 
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -71,11 +71,11 @@ static inline __attribute__((always_inline)) void fma_rows(
 }
 
 static inline __attribute__((always_inline)) void sum_rows(
-    __m512 acc[MAX_ROWS][4], const int R, float scale, float *res) {
+    __m512 acc[MAX_ROWS][4], const int R, float *res) {
     for (int r = 0; r < R; r++) {
         __m512 t = acc[r][0];
         for (int j = 1; j < CHAINS(R); j++) t = _mm512_add_ps(t, acc[r][j]);
-        res[r] = _mm512_reduce_add_ps(t) * scale;
+        res[r] = _mm512_reduce_add_ps(t);
     }
 }
 
@@ -102,7 +102,7 @@ static inline __attribute__((always_inline)) void dot_int8(
                 s[j / 2]);
         fma_rows(acc, w4, xf, in_pad, k, R);
     }
-    sum_rows(acc, R, 1.0f, res);
+    sum_rows(acc, R, res);
 }
 
 /* The same with one int4 weight row. Each group's 16 possible weights, q * d + m,
@@ -129,7 +129,7 @@ static inline __attribute__((always_inline)) void dot_int4(
         w4[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(b1, 4), t1);
         fma_rows(acc, w4, xf, in_pad, k, R);
     }
-    sum_rows(acc, R, 1.0f, res);
+    sum_rows(acc, R, res);
 }
 
 /* One tile of up to TILE output columns for all rows. */

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference import EngineConfig, LLMEngine, SamplingParams
+from bench import quant_quality as quality
+from inference import EngineConfig, LLMEngine
 from inference import quantize as quantize_mod
 from inference.quantize import quantized_cache_file
-from inference.sequence import Sequence
 from kernels import quant_linear as ql
 from tests.inference.test_parity import PROMPTS
 
@@ -36,23 +36,6 @@ or later you would need the help of everyone you had quarrelled with.
 def tiny_engine(tiny_model, tmp_path, weight_dtype: str, **kw) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(tiny_model), dtype="float32", num_blocks=64,
                                   weight_dtype=weight_dtype, model_cache_dir=str(tmp_path), **kw))
-
-
-def all_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
-    """fp32 logits of every position of ids, computed in one chunk, nothing cached."""
-    engine.reset_prefix_cache()
-    seq = Sequence(10**6, "score", 0, ids, SamplingParams())
-    engine.kv.admit(seq, engine.kv.find_cached_blocks(seq), 0)
-    engine.kv.grow(seq, len(ids))
-    try:
-        return engine.runner.full_logits([seq], [len(ids)])
-    finally:
-        engine.kv.free(seq)
-
-
-def greedy(engine: LLMEngine, prompts, n: int = 12) -> list[list[int]]:
-    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    return [o[0].token_ids for o in engine.generate(prompts, params)]
 
 
 def test_weight_dtype_is_validated():
@@ -84,12 +67,12 @@ def test_every_linear_layer_is_quantized_and_the_embedding_kept_exact(
     assert (head - model.embed_tokens.weight).abs().max() < 0.1 * model.embed_tokens.weight.abs().max()
 
     ids = torch.randint(0, 49152, (40,), generator=torch.Generator().manual_seed(0)).tolist()
-    ref, got = all_logits(plain, ids), all_logits(engine, ids)
+    ref, got = quality.logits(plain, ids), quality.logits(engine, ids)
     rel = (got - ref).norm() / ref.norm()
     # random weights: int4 moves each by ~10 % of its group's spread
     assert rel < (0.02 if weight_dtype == "int8" else 0.3)
     # Decoding runs (one-row steps through the kernel where it exists).
-    out = greedy(engine, [ids[:5], ids[5:20]])
+    out = quality.replies(engine, [ids[:5], ids[5:20]], 12)
     assert [len(o) for o in out] == [12, 12]
 
 
@@ -105,7 +88,7 @@ def test_qwen2_biases_are_added_to_quantized_projections(tiny_qwen2, tmp_path):
     engine = tiny_engine(tiny_qwen2, tmp_path, "int8")
     assert engine.runner.model.layers[0].self_attn.qkv_proj.bias is not None
     ids = list(range(100, 130))
-    ref, got = all_logits(plain, ids), all_logits(engine, ids)
+    ref, got = quality.logits(plain, ids), quality.logits(engine, ids)
     assert (got - ref).norm() / ref.norm() < 0.02
 
 
@@ -128,7 +111,7 @@ def test_the_cache_file_is_written_once_and_read_back(tiny_model, tmp_path, monk
         assert torch.equal(layer.quantized.data, want.data)
         assert torch.equal(layer.quantized.scale, want.scale)
     prompts = [[5, 17, 300, 42], [77, 3]]
-    assert greedy(second, prompts) == greedy(first, prompts)
+    assert quality.replies(second, prompts, 12) == quality.replies(first, prompts, 12)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign", "other_dtype"])
@@ -155,7 +138,7 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_and_rebuilt(tiny_model, tmp_
     back = quantize_mod.load_cached(path, layers, "int8")
     assert all(torch.equal(back[n].data, layers[n].quantized.data) for n in layers)
     prompts = [[5, 17, 300, 42]]
-    assert greedy(rebuilt, prompts) == greedy(good, prompts)
+    assert quality.replies(rebuilt, prompts, 12) == quality.replies(good, prompts, 12)
 
 
 def test_a_mismatched_tensor_in_the_cache_is_refused(tiny_model, tmp_path):
@@ -193,23 +176,6 @@ def smollm2_by_weight_dtype():
     return get
 
 
-def forced_choices(engine: LLMEngine, prompt: list[int], reply: list[int]) -> list[int]:
-    """The engine's greedy choice at each position of `reply` given the prompt and the
-    reply's earlier tokens: the prompt as one chunk, then one-row decode steps."""
-    engine.reset_prefix_cache()
-    seq = Sequence(10**6, "forced", 0, prompt + reply, SamplingParams())
-    engine.kv.admit(seq, engine.kv.find_cached_blocks(seq), 0)
-    choices = []
-    try:
-        for n in [len(prompt)] + [1] * (len(reply) - 1):
-            engine.kv.grow(seq, n)
-            choices.append(engine.runner.full_logits([seq], [n])[-1].argmax().item())
-            seq.num_computed_tokens += n
-    finally:
-        engine.kv.free(seq)
-    return choices
-
-
 @pytest.mark.model
 def test_int8_greedy_replies_agree_with_bf16(smollm2_by_weight_dtype):
     """At each token of bf16's greedy replies, int8 picks the same next token at least
@@ -223,19 +189,14 @@ def test_int8_greedy_replies_agree_with_bf16(smollm2_by_weight_dtype):
                                 return_dict=False)
         for p in PROMPTS
     ]
-    replies = greedy(base, prompts, 32)
+    replies = quality.replies(base, prompts, 32)
     int8 = smollm2_by_weight_dtype("int8")
     same = 0
     for prompt, reply in zip(prompts, replies, strict=True):
         assert len(reply) == 32
-        same += sum(a == b for a, b in zip(forced_choices(int8, prompt, reply), reply, strict=True))
+        choices = quality.forced_choices(int8, prompt, reply)
+        same += sum(a == b for a, b in zip(choices, reply, strict=True))
     assert same >= 0.9 * 8 * 32, f"{same} of {8 * 32} tokens agree"
-
-
-def mean_log_prob(engine: LLMEngine, ids: list[int]) -> float:
-    logits = all_logits(engine, ids)
-    lp = torch.log_softmax(logits[:-1].double(), dim=-1)
-    return lp.gather(1, torch.tensor(ids[1:])[:, None]).mean().item()
 
 
 @pytest.mark.model
@@ -244,16 +205,9 @@ def test_held_text_log_prob_stays_near_bf16(smollm2_by_weight_dtype, weight_dtyp
     base = smollm2_by_weight_dtype("bf16")
     ids = base.tokenizer.encode(HELD_TEXT)
     assert len(ids) > 200
-    ref = mean_log_prob(base, ids)
-    got = mean_log_prob(smollm2_by_weight_dtype(weight_dtype), ids)
+    ref = quality.mean_log_prob(quality.log_probs(base, ids), ids)
+    got = quality.mean_log_prob(quality.log_probs(smollm2_by_weight_dtype(weight_dtype), ids), ids)
     assert abs(got - ref) <= tolerance * abs(ref), (weight_dtype, got, ref)
-
-
-def kl_from(base: LLMEngine, engine: LLMEngine, ids: list[int]) -> float:
-    """Mean KL divergence (nats a token) of engine's next-token distributions from base's."""
-    p = torch.log_softmax(all_logits(base, ids).double(), dim=-1)
-    q = torch.log_softmax(all_logits(engine, ids).double(), dim=-1)
-    return (p.exp() * (p - q)).sum(-1).mean().item()
 
 
 @pytest.mark.model
@@ -265,5 +219,6 @@ def test_held_text_distributions_stay_near_bf16(smollm2_by_weight_dtype, weight_
     an int4 head); bf16 itself is 0.001 from fp32."""
     base = smollm2_by_weight_dtype("bf16")
     ids = base.tokenizer.encode(HELD_TEXT)
-    assert kl_from(base, smollm2_by_weight_dtype(weight_dtype), ids) <= bound
-
+    ref = quality.log_probs(base, ids)
+    got = quality.log_probs(smollm2_by_weight_dtype(weight_dtype), ids)
+    assert quality.kl_divergence(ref, got) <= bound
