@@ -13,6 +13,7 @@ from inference.models.llama import LlamaForCausalLM
 from inference.quantize import quantize_model, quantized_cache_file
 from inference.sequence import Sequence
 from kernels.attention import AttentionMetadata
+from kernels.decode_stack import MAX_ROWS as MAX_STACK_ROWS
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class ModelRunner:
         on_cpu = config.pack_weights and self.device.type == "cpu"
         if on_cpu and self.model.pack_weights(batch_hint=config.max_num_seqs):
             log.info("matmul weights packed for oneDNN")
+        if self.device.type == "cpu" and self.model.build_decode_stack():
+            log.info("decode steps of up to %d sequences run as one C call", MAX_STACK_ROWS)
         # Rotary frequencies stay fp32 for accuracy at long positions.
         self.model.rotary.inv_freq = self.model.rotary.inv_freq.float()
         per_block = kv_bytes_per_block(model_config, self.block_size, self.dtype)

@@ -32,10 +32,11 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = tuple(
     CSRC / name
     for name in (
-        "causal_softmax.c", "paged_decode.c", "gather_kv.c", "rms_norm.c", "quant_linear.c"
+        "causal_softmax.c", "paged_decode.c", "gather_kv.c", "rms_norm.c", "quant_linear.c",
+        "decode_stack.c",
     )
 )
-HEADERS = (CSRC / "vec.h",)
+HEADERS = (CSRC / "vec.h", CSRC / "kernels.h")
 # Named instruction sets instead of -march=native: the library also runs on another
 # machine with these flags (a cache dir shared over NFS, an image built elsewhere).
 CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp")
@@ -137,6 +138,14 @@ def _library() -> ctypes.CDLL | None:
             (ctypes.c_void_p,) * 2 + (ctypes.c_int64,) * 3 + (ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
         )
         fn.restype = None
+    fn = lib.decode_stack
+    fn.argtypes = (
+        (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+        + (ctypes.c_void_p,) * 4
+        + (ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+        + (ctypes.c_int,)
+    )
+    fn.restype = ctypes.c_int
     return lib
 
 
@@ -159,7 +168,7 @@ def runs_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * rms_norm(x) over the last dim, with torch's roundings: x normalised in
     fp32 and rounded to bf16, then multiplied by the weight and rounded again."""
-    lib = _loaded()
+    lib = loaded()
     if not (_bf16_cpu(x, weight) and x.shape[-1] == weight.shape[0]):
         raise ValueError("expected contiguous bf16 CPU rows and a weight of their size")
     out = torch.empty_like(x)
@@ -185,7 +194,7 @@ def runs_gather(cache: torch.Tensor) -> bool:
 def gather_head_major(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` tokens of one sequence from cache [blocks, block_size,
     kv_heads, D] through its block table, as [kv_heads, length, D]."""
-    lib = _loaded()
+    lib = loaded()
     _, block_size, kv_heads, head_dim = cache.shape
     if not _bf16_cpu(cache):
         raise ValueError("expected a contiguous bf16 CPU cache")
@@ -214,7 +223,7 @@ def runs_decode(k_cache: torch.Tensor) -> bool:
     return head_dim % 16 == 0 and head_dim <= 256 and runs_gather(k_cache)
 
 
-def _loaded() -> ctypes.CDLL:
+def loaded() -> ctypes.CDLL:
     lib = _library()
     if lib is None:
         raise RuntimeError("the compiled CPU kernels are not available on this machine")
@@ -226,7 +235,7 @@ def causal_softmax_(scores: torch.Tensor, n: int) -> torch.Tensor:
     queries, the last n of L positions: row r is query r % n and sees keys
     0 .. L - n + r % n; later keys get 0. Within one bf16 step of torch's softmax
     over the same scores with -inf past each query."""
-    lib = _loaded()
+    lib = loaded()
     if not _bf16_cpu(scores):
         raise ValueError("expected contiguous bf16 CPU scores")
     length = scores.shape[-1]
@@ -251,7 +260,7 @@ def paged_decode_attention(
     """Attention of one query token per sequence, query [B, H, D], over its first
     lens[b] cached tokens, read through tables [B, >= ceil(lens / block_size)] from
     the bf16 caches [blocks, block_size, kv_heads, D]: bf16 [B, H, D]."""
-    lib = _loaded()
+    lib = loaded()
     batch, heads, head_dim = query.shape
     _, block_size, kv_heads, cache_dim = k_cache.shape
     if not (_bf16_cpu(query, k_cache, v_cache) and v_cache.shape == k_cache.shape):
@@ -315,7 +324,7 @@ def quant_linear(
 ) -> torch.Tensor:
     """x [rows <= 8, in] (bf16 or fp32, contiguous CPU) times a quantized weight's
     transpose: [rows, out] in x's dtype."""
-    lib = _loaded()
+    lib = loaded()
     in_pad = _check_quant(kind, data, scale, in_features)
     if x.dtype not in (torch.bfloat16, torch.float32) or not (x.is_cpu and x.is_contiguous()):
         raise ValueError("expected contiguous bf16 or fp32 CPU rows")
@@ -340,7 +349,7 @@ def dequantize(
     kind: str, data: torch.Tensor, scale: torch.Tensor, in_features: int, dtype: torch.dtype
 ) -> torch.Tensor:
     """A quantized weight as a plain [out, in] tensor of dtype (bf16 or fp32)."""
-    lib = _loaded()
+    lib = loaded()
     in_pad = _check_quant(kind, data, scale, in_features)
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"cannot dequantize to {dtype}")

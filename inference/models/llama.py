@@ -13,6 +13,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from kernels import AttentionMetadata, cpu_kernels, paged_attention, store_kvcache
 from kernels.cpu_linear import linear, pack_weight, packed_linear
+from kernels.decode_stack import DecodeStack, StackLayer
 from kernels.quant_linear import QuantizedWeight, quant_linear
 
 
@@ -161,6 +162,9 @@ class LlamaForCausalLM(nn.Module):
     bf16 decode step over its ~270 calls.
     """
 
+    # The whole decode step in C where the weights allow (see build_decode_stack).
+    decode_stack: DecodeStack | None = None
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -196,6 +200,11 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states [num_tokens, hidden]; kv_cache is [2, layers, blocks, bs, kv_heads, dim]."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
+        if self.decode_stack is not None:
+            d = meta.decode_batch(kv_cache.shape[3])
+            if d is not None and d.all_rows and self.decode_stack.runs(len(d.rows), kv_cache):
+                return self.decode_stack(x, cos.squeeze(1), sin.squeeze(1), meta.slot_mapping,
+                                         kv_cache, d.tables, d.lens)
         for i, layer in enumerate(self.layers):
             x = layer.forward(x, cos, sin, kv_cache[0, i], kv_cache[1, i], meta)
         return self.norm.forward(x)
@@ -205,6 +214,35 @@ class LlamaForCausalLM(nn.Module):
         False when nothing was packed."""
         packed = [m.pack(batch_hint) for m in self.modules() if isinstance(m, Linear)]
         return any(packed)
+
+    def build_decode_stack(self) -> bool:
+        """Run decode steps of a few sequences as one C call (kernels.decode_stack)
+        where it can: every layer's matmuls quantized, bf16 on a CPU with the kernels.
+        False, and the torch forward kept, elsewhere."""
+        self.decode_stack = None
+        norms = [self.norm.weight] + [w for layer in self.layers for w in (
+            layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
+        linears = [m for name, m in self.linear_layers().items() if name != "lm_head"]
+        if not (cpu_kernels.available() and all(m.quantized is not None for m in linears)
+                and all(cpu_kernels.runs_rms_norm(w, w) for w in norms)):
+            return False
+        layers = [
+            StackLayer(
+                layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data,
+                layer.self_attn.qkv_proj.quantized, layer.self_attn.o_proj.quantized,
+                layer.mlp.gate_up_proj.quantized, layer.mlp.down_proj.quantized,
+                None if layer.self_attn.qkv_proj.bias is None
+                else layer.self_attn.qkv_proj.bias.data,
+            )
+            for layer in self.layers
+        ]
+        attn = self.layers[0].self_attn
+        try:
+            self.decode_stack = DecodeStack(layers, self.norm.weight.data, attn.num_heads,
+                                            attn.num_kv_heads, attn.head_dim, self.norm.eps)
+        except ValueError:  # a shape the C step does not take (head_dim, say)
+            return False
+        return True
 
     def linear_layers(self) -> dict[str, Linear]:
         """Every matmul layer by its module name: q/k/v, o, gate/up, down and the head."""

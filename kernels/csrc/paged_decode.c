@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "kernels.h"
 #include "vec.h"
 
 #define MAX_CHUNKS 16 /* head_dim up to 256, in 16-lane chunks */
@@ -82,6 +83,34 @@ attend(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
     }
 }
 
+void decode_attention_tasks(const uint16_t *query, const uint16_t *k_cache,
+                            const uint16_t *v_cache, const int64_t *tables,
+                            int64_t table_stride, const int64_t *lens, uint16_t *out,
+                            int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                            int64_t block_size, float scale, float *scores) {
+    const int chunks = (int)(head_dim / 16);
+    const int64_t group = heads / kv_heads;
+    int64_t max_len = 0;
+    for (int64_t b = 0; b < batch; b++) max_len = lens[b] > max_len ? lens[b] : max_len;
+    float *q32 = scores == NULL ? NULL : scores + group * max_len;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < batch * kv_heads; task++) {
+        if (scores == NULL) continue;
+        const int64_t b = task / kv_heads, kh = task % kv_heads;
+        const int64_t at = (b * heads + kh * group) * head_dim;
+        const int64_t *table = tables + b * table_stride;
+        if (chunks == 4)
+            attend(query + at, k_cache, v_cache, table, lens[b], out + at, group, kv_heads, kh,
+                   block_size, scale, q32, scores, 4);
+        else if (chunks == 8)
+            attend(query + at, k_cache, v_cache, table, lens[b], out + at, group, kv_heads, kh,
+                   block_size, scale, q32, scores, 8);
+        else
+            attend(query + at, k_cache, v_cache, table, lens[b], out + at, group, kv_heads, kh,
+                   block_size, scale, q32, scores, chunks);
+    }
+}
+
 /* Returns 0; 1 where a thread could not get its score buffer; 2 for a head_dim
    that isn't a multiple of 16 up to 256. */
 int paged_decode_attention_bf16(const uint16_t *query, const uint16_t *k_cache,
@@ -91,7 +120,6 @@ int paged_decode_attention_bf16(const uint16_t *query, const uint16_t *k_cache,
                                 int64_t head_dim, int64_t block_size, float scale,
                                 int threads) {
     if (head_dim % 16 || head_dim / 16 > MAX_CHUNKS) return 2;
-    const int chunks = (int)(head_dim / 16);
     const int64_t group = heads / kv_heads;
     int64_t max_len = 0;
     for (int64_t b = 0; b < batch; b++) max_len = lens[b] > max_len ? lens[b] : max_len;
@@ -99,27 +127,12 @@ int paged_decode_attention_bf16(const uint16_t *query, const uint16_t *k_cache,
 #pragma omp parallel num_threads(threads)
     {
         float *scores = malloc((size_t)(group * (max_len + head_dim)) * sizeof(float));
-        float *q32 = scores == NULL ? NULL : scores + group * max_len;
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < batch * kv_heads; task++) {
-            if (scores == NULL) continue;
-            const int64_t b = task / kv_heads, kh = task % kv_heads;
-            const int64_t at = (b * heads + kh * group) * head_dim;
-            const int64_t *table = tables + b * table_stride;
-            if (chunks == 4)
-                attend(query + at, k_cache, v_cache, table, lens[b], out + at, group, kv_heads,
-                       kh, block_size, scale, q32, scores, 4);
-            else if (chunks == 8)
-                attend(query + at, k_cache, v_cache, table, lens[b], out + at, group, kv_heads,
-                       kh, block_size, scale, q32, scores, 8);
-            else
-                attend(query + at, k_cache, v_cache, table, lens[b], out + at, group, kv_heads,
-                       kh, block_size, scale, q32, scores, chunks);
-        }
+        decode_attention_tasks(query, k_cache, v_cache, tables, table_stride, lens, out, batch,
+                               heads, kv_heads, head_dim, block_size, scale, scores);
         free(scores);
     }
     return failed;

@@ -22,15 +22,14 @@
 
 #include <stdlib.h>
 
+#include "kernels.h"
 #include "vec.h"
 
-#define MAX_ROWS 8
+#define MAX_ROWS QUANT_MAX_ROWS
 #define TILE 16
 
 /* x rows as fp32, each padded with zeros to in_pad, so the padded weights add nothing. */
-static float *widen_rows(const void *x, int bf16, int64_t rows, int64_t in, int64_t in_pad) {
-    float *xf = aligned_alloc(64, (size_t)(rows * in_pad) * sizeof(float));
-    if (!xf) return NULL;
+void quant_widen(float *xf, const void *x, int bf16, int64_t rows, int64_t in, int64_t in_pad) {
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t c = 0; c < in_pad; c += 16) {
             __m512 v = _mm512_setzero_ps();
@@ -42,6 +41,11 @@ static float *widen_rows(const void *x, int bf16, int64_t rows, int64_t in, int6
             _mm512_store_ps(xf + r * in_pad + c, v);
         }
     }
+}
+
+static float *widen_rows(const void *x, int bf16, int64_t rows, int64_t in, int64_t in_pad) {
+    float *xf = aligned_alloc(64, (size_t)(rows * in_pad) * sizeof(float));
+    if (xf) quant_widen(xf, x, bf16, rows, in, in_pad);
     return xf;
 }
 
@@ -155,44 +159,58 @@ static inline __attribute__((always_inline)) void dot_int4(
         for (int r = 0; r < rows; r++) store_out(y, y_bf16, out, r, o0, tmp[r], n);       \
     } while (0)
 
+void quant_matmul_tiles(int kind, const float *xf, int64_t rows, int64_t in_pad, const void *w,
+                        const uint16_t *w_scale, int64_t out, void *y, int y_bf16) {
+    const int64_t tiles = (out + TILE - 1) / TILE;
+    if (kind == QUANT_INT8) {
+        const int8_t *w8 = w;
+#define DOT8(R) dot_int8(w8 + o * in_pad, w_scale + o * in_pad / 32, xf, in_pad, R, res)
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            int64_t o0 = t * TILE;
+            TILE_BODY(DOT8);
+        }
+#undef DOT8
+    } else {
+        const uint8_t *w4 = w;
+#define DOT4(R) dot_int4(w4 + o * in_pad / 2, w_scale + o * in_pad / 16, xf, in_pad, R, res)
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            int64_t o0 = t * TILE;
+            TILE_BODY(DOT4);
+        }
+#undef DOT4
+    }
+}
+
+static int quant_linear(int kind, const void *x, int x_bf16, int64_t rows, int64_t in,
+                        int64_t in_pad, const void *w, const uint16_t *w_scale, int64_t out,
+                        void *y, int y_bf16, int threads) {
+    if (rows < 1 || rows > MAX_ROWS || in_pad % 64 || in > in_pad) return 2;
+    float *xf = widen_rows(x, x_bf16, rows, in, in_pad);
+    if (!xf) return 1;
+    /* A thread wake-up costs more than a small matrix's work. */
+#pragma omp parallel num_threads(threads) if (out * in_pad >= 65536)
+    quant_matmul_tiles(kind, xf, rows, in_pad, w, w_scale, out, y, y_bf16);
+    free(xf);
+    return 0;
+}
+
 /* y[rows, out] = x[rows, in] W^T for int8 W; rows 1..8. Returns 0, 1 for no memory,
    2 for a bad shape. */
 int quant_linear_int8(const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad,
                       const int8_t *w, const uint16_t *w_scale, int64_t out, void *y,
                       int y_bf16, int threads) {
-    if (rows < 1 || rows > MAX_ROWS || in_pad % 64 || in > in_pad) return 2;
-    float *xf = widen_rows(x, x_bf16, rows, in, in_pad);
-    if (!xf) return 1;
-    int64_t tiles = (out + TILE - 1) / TILE;
-#define DOT8(R) dot_int8(w + o * in_pad, w_scale + o * in_pad / 32, xf, in_pad, R, res)
-    /* A thread wake-up costs more than a small matrix's work. */
-#pragma omp parallel for schedule(static) num_threads(threads) if (out * in_pad >= 65536)
-    for (int64_t t = 0; t < tiles; t++) {
-        int64_t o0 = t * TILE;
-        TILE_BODY(DOT8);
-    }
-#undef DOT8
-    free(xf);
-    return 0;
+    return quant_linear(QUANT_INT8, x, x_bf16, rows, in, in_pad, w, w_scale, out, y, y_bf16,
+                        threads);
 }
 
 /* The same for int4 W (packed nibbles). */
 int quant_linear_int4(const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad,
                       const uint8_t *w, const uint16_t *w_scale, int64_t out, void *y,
                       int y_bf16, int threads) {
-    if (rows < 1 || rows > MAX_ROWS || in_pad % 64 || in > in_pad) return 2;
-    float *xf = widen_rows(x, x_bf16, rows, in, in_pad);
-    if (!xf) return 1;
-    int64_t tiles = (out + TILE - 1) / TILE;
-#define DOT4(R) dot_int4(w + o * in_pad / 2, w_scale + o * in_pad / 16, xf, in_pad, R, res)
-#pragma omp parallel for schedule(static) num_threads(threads) if (out * in_pad >= 65536)
-    for (int64_t t = 0; t < tiles; t++) {
-        int64_t o0 = t * TILE;
-        TILE_BODY(DOT4);
-    }
-#undef DOT4
-    free(xf);
-    return 0;
+    return quant_linear(QUANT_INT4, x, x_bf16, rows, in, in_pad, w, w_scale, out, y, y_bf16,
+                        threads);
 }
 
 static inline void store_row(void *dst, int bf16, int64_t i, __m512 v, __mmask16 m) {

@@ -5,6 +5,7 @@
 
 #include <math.h>
 
+#include "kernels.h"
 #include "vec.h"
 
 static inline __m512 round_bf16(__m512 v) {
@@ -12,7 +13,7 @@ static inline __m512 round_bf16(__m512 v) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
 }
 
-static void norm_row(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t dim,
+void rms_norm_row(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t dim,
                      float eps) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t c = 0; c < dim; c += 16) {
@@ -32,5 +33,5 @@ void rms_norm_bf16(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t 
                    int64_t dim, float eps, int threads) {
     /* A thread wake-up costs more than a few rows of work. */
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * dim >= 16384)
-    for (int64_t r = 0; r < rows; r++) norm_row(x + r * dim, w, out + r * dim, dim, eps);
+    for (int64_t r = 0; r < rows; r++) rms_norm_row(x + r * dim, w, out + r * dim, dim, eps);
 }

@@ -1,0 +1,166 @@
+"""A whole decode step in one C call (csrc/decode_stack.c) for models whose matmul
+weights are all quantized: every layer of a Llama-family model for a few rows of one
+new token each, then the final norm. Same ops and bf16 roundings as the torch
+forward, without its ~300 Python-dispatched ops and per-kernel thread wake-ups.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from kernels import cpu_kernels
+from kernels.quant_linear import KINDS, QuantizedWeight, padded
+
+MAX_ROWS = cpu_kernels.QUANT_MAX_ROWS
+
+
+class _Matmul(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int64),
+        ("data", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("in_features", ctypes.c_int64),
+        ("in_pad", ctypes.c_int64),
+        ("out", ctypes.c_int64),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", ctypes.c_void_p),
+        ("post_norm", ctypes.c_void_p),
+        ("qkv", _Matmul),
+        ("o", _Matmul),
+        ("gate_up", _Matmul),
+        ("down", _Matmul),
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        ("layers", ctypes.c_int64),
+        ("hidden", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("inter", ctypes.c_int64),
+        ("block_size", ctypes.c_int64),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("layer", ctypes.POINTER(_Layer)),
+        ("norm", ctypes.c_void_p),
+    ]
+
+
+@dataclass
+class StackLayer:
+    """One decoder layer's weights: bf16 norms, quantized matmuls, q/k/v's bias if any."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: QuantizedWeight
+    o: QuantizedWeight
+    gate_up: QuantizedWeight
+    down: QuantizedWeight
+    qkv_bias: torch.Tensor | None = None
+
+
+def _bf16_vector(t: torch.Tensor, size: int) -> bool:
+    return t.dtype == torch.bfloat16 and t.is_cpu and t.is_contiguous() and t.shape == (size,)
+
+
+def _matmul(qw: QuantizedWeight, bias: torch.Tensor | None) -> _Matmul:
+    if qw.kind not in KINDS or not (qw.data.is_cpu and qw.data.is_contiguous()):
+        raise ValueError("expected a quantized CPU weight")
+    if bias is not None and not _bf16_vector(bias, qw.out_features):
+        raise ValueError("expected a contiguous bf16 bias of the layer's outputs")
+    return _Matmul(KINDS.index(qw.kind), qw.data.data_ptr(), qw.scale.data_ptr(),
+                   None if bias is None else bias.data_ptr(), qw.in_features,
+                   padded(qw.in_features), qw.out_features)
+
+
+class DecodeStack:
+    """The C decode step over a model's weights; the tensors must outlive it (it holds
+    their addresses, and a reference to each)."""
+
+    def __init__(self, layers: list[StackLayer], norm: torch.Tensor, heads: int,
+                 kv_heads: int, head_dim: int, eps: float):
+        hidden = norm.shape[0]
+        if not layers or head_dim % 16 or head_dim > 256 or heads % kv_heads:
+            raise ValueError(f"{heads} heads of {head_dim} over {kv_heads} KV heads")
+        inter = layers[0].gate_up.out_features // 2
+        shapes = {"qkv": ((heads + 2 * kv_heads) * head_dim, hidden),
+                  "o": (hidden, heads * head_dim), "gate_up": (2 * inter, hidden),
+                  "down": (hidden, inter)}
+        for layer in layers:
+            for name, shape in shapes.items():
+                qw = getattr(layer, name)
+                if (qw.out_features, qw.in_features) != shape:
+                    raise ValueError(f"{name} is {qw.out_features} x {qw.in_features}, "
+                                     f"expected {shape[0]} x {shape[1]}")
+            if not (_bf16_vector(layer.input_norm, hidden) and _bf16_vector(layer.post_norm, hidden)):
+                raise ValueError("expected contiguous bf16 norm weights of the hidden size")
+        if not _bf16_vector(norm, hidden):
+            raise ValueError("expected a contiguous bf16 final norm weight")
+        self._keep = (layers, norm)
+        self._layers = (_Layer * len(layers))(*(
+            _Layer(w.input_norm.data_ptr(), w.post_norm.data_ptr(), _matmul(w.qkv, w.qkv_bias),
+                   _matmul(w.o, None), _matmul(w.gate_up, None), _matmul(w.down, None))
+            for w in layers
+        ))
+        self._model = _Model(len(layers), hidden, heads, kv_heads, head_dim, inter, 0, eps,
+                             head_dim**-0.5, self._layers, norm.data_ptr())
+        self.hidden, self.head_dim, self.kv_heads = hidden, head_dim, kv_heads
+
+    def runs(self, rows: int, kv_cache: torch.Tensor) -> bool:
+        """True where the step takes these: 1..MAX_ROWS rows and a contiguous bf16 CPU
+        cache [2, layers, blocks, block_size, kv_heads, head_dim]."""
+        return (
+            0 < rows <= MAX_ROWS
+            and kv_cache.dtype == torch.bfloat16
+            and kv_cache.is_cpu
+            and kv_cache.is_contiguous()
+            and kv_cache.dim() == 6
+            and kv_cache.shape[:2] == (2, self._model.layers)
+            and kv_cache.shape[4:] == (self.kv_heads, self.head_dim)
+        )
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 slots: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor,
+                 lens: torch.Tensor) -> torch.Tensor:
+        """The final-normed hidden states [rows, hidden] after every layer, for new
+        tokens' embeddings x [rows, hidden] (overwritten with the residual stream) at
+        cos/sin [rows, head_dim] (bf16, sin sign-folded), stored at slots [rows], over
+        contexts of lens [rows] tokens (the new one included) read through tables."""
+        rows = x.shape[0]
+        if not self.runs(rows, kv_cache):
+            raise ValueError("the decode step does not take this batch or cache")
+        for t, shape in ((x, (rows, self.hidden)), (cos, (rows, self.head_dim)),
+                         (sin, (rows, self.head_dim))):
+            if t.dtype != torch.bfloat16 or tuple(t.shape) != shape or not t.is_contiguous():
+                raise ValueError(f"expected contiguous bf16 {shape}, got {tuple(t.shape)}")
+        for t in (slots, lens):
+            if t.dtype != torch.int64 or tuple(t.shape) != (rows,) or not t.is_contiguous():
+                raise ValueError("expected one int64 slot and length per row")
+        blocks, block_size = kv_cache.shape[2], kv_cache.shape[3]
+        if (tables.dtype != torch.int64 or tables.dim() != 2 or tables.shape[0] != rows
+                or tables.stride(-1) != 1 or tables.shape[1] * block_size < int(lens.max())):
+            raise ValueError("expected int64 block tables covering every context")
+        if int(slots.max()) >= blocks * block_size or int(tables.max()) >= blocks:
+            raise ValueError("a slot or block lies outside the cache")
+        self._model.block_size = block_size
+        out = torch.empty_like(x)
+        rc = cpu_kernels.loaded().decode_stack(
+            ctypes.byref(self._model), x.data_ptr(), rows, cos.data_ptr(), sin.data_ptr(),
+            slots.data_ptr(), kv_cache.data_ptr(), blocks, tables.data_ptr(), tables.stride(0),
+            lens.data_ptr(), out.data_ptr(), torch.get_num_threads(),
+        )
+        if rc == 1:
+            raise MemoryError("no memory for the decode step's buffers")
+        if rc:
+            raise ValueError("bad shape for the decode step")
+        return out
