@@ -177,6 +177,31 @@ def smollm2_by_weight_dtype():
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("weight_dtype", ["int8", "int4"])
+def test_the_c_decode_step_gives_the_torch_forwards_replies(smollm2_by_weight_dtype, weight_dtype):
+    """The decode step as one C call (kernels.decode_stack) keeps the torch forward's
+    roundings: the 8 parity prompts, decoded together, get the same greedy replies."""
+    engine = smollm2_by_weight_dtype(weight_dtype)
+    model = engine.runner.model
+    if model.decode_stack is None:
+        pytest.skip("the C decode step does not run here")
+    tok = engine.tokenizer
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                return_dict=False)
+        for p in PROMPTS
+    ]
+    engine.reset_prefix_cache()  # both runs compute their prompts whole
+    with_stack = quality.replies(engine, prompts, 24)
+    stack, model.decode_stack = model.decode_stack, None
+    try:
+        engine.reset_prefix_cache()
+        assert quality.replies(engine, prompts, 24) == with_stack
+    finally:
+        model.decode_stack = stack
+
+
+@pytest.mark.model
 def test_int8_greedy_replies_agree_with_bf16(smollm2_by_weight_dtype):
     """At each token of bf16's greedy replies, int8 picks the same next token at least
     90 % of the time. (Free-running replies part at the first near-tie and differ

@@ -1,0 +1,131 @@
+"""The whole decode step as one C call (kernels.decode_stack): when the engine takes
+it, and that it computes what the torch forward computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench import quant_quality as quality
+from inference import EngineConfig, LLMEngine
+from kernels import cpu_kernels
+from kernels.decode_stack import DecodeStack, StackLayer
+
+pytestmark = pytest.mark.skipif(
+    not cpu_kernels.available(), reason="needs the C kernels (AVX512-BF16 and a compiler)"
+)
+
+PROMPTS = [[5, 17, 300, 42], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23],
+           [1000, 2000, 3000]]
+
+
+def engine(model, tmp_path, weight_dtype="int8", dtype="bfloat16", **kw) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model), dtype=dtype, num_blocks=64, block_size=4,
+                                  weight_dtype=weight_dtype, model_cache_dir=str(tmp_path), **kw))
+
+
+def test_the_step_is_built_only_where_every_matmul_is_quantized_in_bf16(tiny_model, tmp_path):
+    assert engine(tiny_model, tmp_path, "int8").runner.model.decode_stack is not None
+    assert engine(tiny_model, tmp_path, "int4").runner.model.decode_stack is not None
+    assert engine(tiny_model, tmp_path, "bf16").runner.model.decode_stack is None
+    assert engine(tiny_model, tmp_path, "int8", dtype="float32").runner.model.decode_stack is None
+
+
+def one_decode_step(eng: LLMEngine, use_stack: bool):
+    """Hidden states and caches after one decode step of every running sequence,
+    from the same starting caches."""
+    runner, model = eng.runner, eng.runner.model
+    seqs = list(eng.scheduler.running)
+    assert seqs and all(s.num_computed_tokens == s.num_tokens - 1 for s in seqs)
+    saved, stack = runner.kv_cache.clone(), model.decode_stack
+    if not use_stack:
+        model.decode_stack = None
+    try:
+        with torch.inference_mode():
+            ids, pos, meta, _ = runner.prepare(seqs, [1] * len(seqs))
+            hidden = model(ids, pos, runner.kv_cache, meta)
+        return hidden, runner.kv_cache.clone()
+    finally:
+        model.decode_stack = stack
+        runner.kv_cache.copy_(saved)
+
+
+@pytest.mark.parametrize("model_name", ["tiny_model", "tiny_qwen2"])
+@pytest.mark.parametrize("weight_dtype", ["int8", "int4"])
+def test_a_decode_step_computes_what_the_torch_forward_does(
+    request, tmp_path, model_name, weight_dtype
+):
+    eng = engine(request.getfixturevalue(model_name), tmp_path, weight_dtype)
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(f"r{i}", p, quality.greedy(8))
+    for _ in range(3):  # prefills, then decodes over several blocks of 4
+        eng.step()
+    h_stack, kv_stack = one_decode_step(eng, use_stack=True)
+    h_torch, kv_torch = one_decode_step(eng, use_stack=False)
+    # Same ops with the same bf16 roundings: equal but for a rare last-bit difference
+    # of silu's exp, which later layers carry on.
+    assert (kv_stack != kv_torch).float().mean() < 0.01
+    assert not torch.equal(kv_stack, eng.runner.kv_cache)  # the step stored its K/V
+    torch.testing.assert_close(h_stack.float(), h_torch.float(), rtol=0.02, atol=0.02)
+
+
+def test_replies_are_the_torch_forwards_and_only_small_batches_take_the_step(
+    tiny_model, tmp_path, monkeypatch
+):
+    eng = engine(tiny_model, tmp_path, "int4")
+    stack = eng.runner.model.decode_stack
+    calls = []
+    original = DecodeStack.__call__
+
+    def counted(self, x, *args):
+        calls.append(x.shape[0])
+        return original(self, x, *args)
+
+    monkeypatch.setattr(DecodeStack, "__call__", counted)
+    many = [[i + 5, 2 * i + 9, 3 * i + 11] for i in range(9)]
+    with_stack = quality.replies(eng, PROMPTS, 12), quality.replies(eng, many, 6)
+    # Three sequences decode as one call; nine are more than it takes.
+    assert calls and set(calls) == {3}
+    eng.runner.model.decode_stack = None
+    eng.reset_prefix_cache()  # the prompts are computed again, as the first time
+    without = quality.replies(eng, PROMPTS, 12), quality.replies(eng, many, 6)
+    assert with_stack == without
+    assert len(calls) == 11  # no call without the stack
+    eng.runner.model.decode_stack = stack
+
+
+def test_bad_inputs_are_refused(tiny_model, tmp_path):
+    eng = engine(tiny_model, tmp_path, "int8")
+    stack = eng.runner.model.decode_stack
+    kv = eng.runner.kv_cache
+    hidden, head_dim = stack.hidden, stack.head_dim
+    x = torch.zeros(2, hidden, dtype=torch.bfloat16)
+    cos = torch.ones(2, head_dim, dtype=torch.bfloat16)
+    sin = torch.zeros(2, head_dim, dtype=torch.bfloat16)
+    slots = torch.tensor([0, 1])
+    tables = torch.tensor([[0], [1]])
+    lens = torch.tensor([1, 1])
+    assert stack(x.clone(), cos, sin, slots, kv, tables, lens).shape == (2, hidden)
+    bad = {
+        "x float32": (x.float(), cos, sin, slots, kv, tables, lens),
+        "cos of other rows": (x, cos[:1], sin, slots, kv, tables, lens),
+        "int32 slots": (x, cos, sin, slots.int(), kv, tables, lens),
+        "slot past the cache": (x, cos, sin, torch.tensor([0, kv[0, 0].numel()]), kv, tables, lens),
+        "block past the cache": (x, cos, sin, slots, kv, torch.tensor([[0], [10**6]]), lens),
+        "table too short": (x, cos, sin, slots, kv, tables, torch.tensor([1, 5])),
+        "nine rows": (torch.zeros(9, hidden, dtype=torch.bfloat16),) * 1
+        + (cos, sin, slots, kv, tables, lens),
+        "float cache": (x, cos, sin, slots, kv.float(), tables, lens),
+    }
+    for name, args in bad.items():
+        with pytest.raises(ValueError):
+            stack(*args)
+            pytest.fail(name)
+    layer = eng.runner.model.layers[0]
+    parts = StackLayer(layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data,
+                       layer.self_attn.qkv_proj.quantized, layer.mlp.down_proj.quantized,
+                       layer.mlp.gate_up_proj.quantized, layer.mlp.down_proj.quantized)
+    with pytest.raises(ValueError, match="o is"):
+        DecodeStack([parts], eng.runner.model.norm.weight.data, 4, 2, head_dim, 1e-5)
+    with pytest.raises(ValueError, match="heads"):
+        DecodeStack([parts], eng.runner.model.norm.weight.data, 4, 2, 24, 1e-5)
