@@ -120,7 +120,7 @@ static void rotate(uint16_t *x, const uint16_t *cos, const uint16_t *sin, int64_
 
 /* y = xf W^T (+ bias) for the rows, the matmul shared by the region's threads. */
 static void matmul(const stack_matmul *w, const float *xf, int64_t rows, uint16_t *y) {
-    quant_matmul_tiles((int)w->kind, xf, rows, w->in_pad, w->data, w->scale, w->out, y, 1);
+    quant_matmul_tiles((int)w->kind, xf, 1, rows, w->in_pad, w->data, w->scale, w->out, y, 1);
     if (w->bias) {
 #pragma omp single
         for (int64_t r = 0; r < rows; r++) add_into(y + r * w->out, w->bias, w->out);
@@ -156,7 +156,7 @@ int decode_stack(const stack_model *m, uint16_t *x, int64_t rows, const uint16_t
     }
     if (m->layers < 1 || m->layer[0].qkv.out != qkv_out || m->layer[0].gate_up.out != 2 * inter)
         return 2;
-    float *xf = aligned_alloc(64, (size_t)(rows * in_pad) * sizeof(float));
+    float *xf = aligned_alloc(64, (size_t)quant_act_bytes(rows, in_pad));
     uint16_t *buf = malloc((size_t)(rows * (hidden + width + q_size + q_size + inter)) * 2);
     if (!xf || !buf) {
         free(xf);

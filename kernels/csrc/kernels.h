@@ -10,12 +10,19 @@
 enum { QUANT_INT8 = 0, QUANT_INT4 = 1 };
 #define QUANT_MAX_ROWS 8
 
-/* rows of x (bf16 or fp32, `in` wide) as fp32 rows padded with zeros to in_pad. */
-void quant_widen(float *xf, const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad);
+/* Bytes of the activations buffer that quant_widen fills for rows of in_pad. */
+int64_t quant_act_bytes(int64_t rows, int64_t in_pad);
 
-/* y[rows, out] = xf W^T for a quantized W (see quant_linear.c); shared loop. */
-void quant_matmul_tiles(int kind, const float *xf, int64_t rows, int64_t in_pad, const void *w,
-                        const uint16_t *w_scale, int64_t out, void *y, int y_bf16);
+/* rows of x (bf16 or fp32, `in` wide) prepared for quant_matmul_tiles in act (64-byte
+   aligned, quant_act_bytes long): fp32 rows padded with zeros to in_pad, and for bf16
+   x also the bf16 rows and their sums per group of 32. */
+void quant_widen(float *act, const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad);
+
+/* y[rows, out] = x W^T for a quantized W (see quant_linear.c) and x prepared in act
+   by quant_widen with the same x_bf16; shared loop. */
+void quant_matmul_tiles(int kind, const float *act, int x_bf16, int64_t rows, int64_t in_pad,
+                        const void *w, const uint16_t *w_scale, int64_t out, void *y,
+                        int y_bf16);
 
 /* One bf16 row's RMSNorm (see rms_norm.c). */
 void rms_norm_row(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t dim, float eps);
