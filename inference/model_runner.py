@@ -43,12 +43,15 @@ class ModelRunner:
         if config.weight_dtype != "bf16":
             quantize_model(model, config.weight_dtype, quantized_cache_file(config))
         self.model = model.to(dtype=self.dtype).eval()
+        if self.device.type == "cpu" and self.model.build_decode_stack():
+            log.info("decode steps of up to %d sequences run as one C call", MAX_STACK_ROWS)
         # Decode batches are the common shape: oneDNN lays weights out for them.
         on_cpu = config.pack_weights and self.device.type == "cpu"
         if on_cpu and self.model.pack_weights(batch_hint=config.max_num_seqs):
-            log.info("matmul weights packed for oneDNN")
-        if self.device.type == "cpu" and self.model.build_decode_stack():
-            log.info("decode steps of up to %d sequences run as one C call", MAX_STACK_ROWS)
+            plain = sum(m.plain.nbytes for m in self.model.linear_layers().values()
+                        if m.plain is not None and m.packed is not None)
+            log.info("matmul weights packed for oneDNN%s", f" ({plain / 2**20:.0f} MiB of bf16 "
+                     "weights also kept plain for the C decode step)" if plain else "")
         # Rotary frequencies stay fp32 for accuracy at long positions.
         self.model.rotary.inv_freq = self.model.rotary.inv_freq.float()
         per_block = kv_bytes_per_block(model_config, self.block_size, self.dtype)

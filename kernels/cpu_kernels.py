@@ -138,6 +138,12 @@ def _library() -> ctypes.CDLL | None:
             (ctypes.c_void_p,) * 2 + (ctypes.c_int64,) * 3 + (ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
         )
         fn.restype = None
+    fn = lib.matmul_bf16
+    fn.argtypes = (
+        (ctypes.c_void_p,) + (ctypes.c_int64,) * 3 + (ctypes.c_void_p, ctypes.c_int64)
+        + (ctypes.c_void_p, ctypes.c_int)
+    )
+    fn.restype = ctypes.c_int
     fn = lib.decode_stack
     fn.argtypes = (
         (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
@@ -342,6 +348,37 @@ def quant_linear(
         raise MemoryError("no memory for the quantized activations")
     if rc:
         raise ValueError("bad shape for the quantized matmul")
+    return y
+
+
+def runs_bf16_matmul(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True where bf16_matmul takes these: 1..QUANT_MAX_ROWS contiguous bf16 CPU rows and
+    a contiguous bf16 weight whose width is theirs and a multiple of 64."""
+    return (
+        x.dim() == 2
+        and 0 < x.shape[0] <= QUANT_MAX_ROWS
+        and weight.dim() == 2
+        and x.shape[1] == weight.shape[1]
+        and weight.shape[1] % 64 == 0
+        and _bf16_cpu(x, weight)
+        and available()
+    )
+
+
+def bf16_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [rows <= 8, in] times weight [out, in]^T, both bf16, in C (bf16 dot products,
+    fp32 sums, rounded once): the decode step's matmul for plain bf16 weights."""
+    lib = loaded()
+    if not runs_bf16_matmul(x, weight):
+        raise ValueError(
+            f"expected [1..{QUANT_MAX_ROWS}, in] bf16 rows and a bf16 [out, in] weight with in "
+            f"a multiple of 64, got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    y = x.new_empty(x.shape[0], weight.shape[0])
+    rc = lib.matmul_bf16(x.data_ptr(), x.shape[0], x.shape[1], weight.shape[1],
+                         weight.data_ptr(), weight.shape[0], y.data_ptr(), torch.get_num_threads())
+    if rc == 1:
+        raise MemoryError("no memory for the matmul's activations")
     return y
 
 

@@ -1,5 +1,5 @@
 """A whole decode step in one C call (csrc/decode_stack.c) for models whose matmul
-weights are all quantized: every layer of a Llama-family model for a few rows of one
+weights are all quantized, or all plain bf16 with widths that are multiples of 64: every layer of a Llama-family model for a few rows of one
 new token each, then the final norm. Same ops and bf16 roundings as the torch
 forward, without its ~300 Python-dispatched ops and per-kernel thread wake-ups.
 """
@@ -56,24 +56,45 @@ class _Model(ctypes.Structure):
     ]
 
 
+Weight = QuantizedWeight | torch.Tensor  # quantized, or plain bf16 [out, in]
+
+
 @dataclass
 class StackLayer:
-    """One decoder layer's weights: bf16 norms, quantized matmuls, q/k/v's bias if any."""
+    """One decoder layer's weights: bf16 norms, the matmuls' weights, q/k/v's bias if any."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: QuantizedWeight
-    o: QuantizedWeight
-    gate_up: QuantizedWeight
-    down: QuantizedWeight
+    qkv: Weight
+    o: Weight
+    gate_up: Weight
+    down: Weight
     qkv_bias: torch.Tensor | None = None
+
+
+PLAIN_BF16 = 2  # the C kinds: KINDS' indices, then this
+
+
+def dims(w: Weight) -> tuple[int, int]:
+    """(out, in) of a weight."""
+    if isinstance(w, QuantizedWeight):
+        return w.out_features, w.in_features
+    return tuple(w.shape)
 
 
 def _bf16_vector(t: torch.Tensor, size: int) -> bool:
     return t.dtype == torch.bfloat16 and t.is_cpu and t.is_contiguous() and t.shape == (size,)
 
 
-def _matmul(qw: QuantizedWeight, bias: torch.Tensor | None) -> _Matmul:
+def _matmul(qw: Weight, bias: torch.Tensor | None) -> _Matmul:
+    if isinstance(qw, torch.Tensor):
+        out, inp = qw.shape
+        if not (qw.dtype == torch.bfloat16 and qw.is_cpu and qw.is_contiguous() and inp % 64 == 0):
+            raise ValueError("expected a contiguous bf16 CPU weight whose width is a multiple of 64")
+        if bias is not None and not _bf16_vector(bias, out):
+            raise ValueError("expected a contiguous bf16 bias of the layer's outputs")
+        return _Matmul(PLAIN_BF16, qw.data_ptr(), None, None if bias is None else bias.data_ptr(),
+                       inp, inp, out)
     if qw.kind not in KINDS or not (qw.data.is_cpu and qw.data.is_contiguous()):
         raise ValueError("expected a quantized CPU weight")
     if bias is not None and not _bf16_vector(bias, qw.out_features):
@@ -92,16 +113,15 @@ class DecodeStack:
         hidden = norm.shape[0]
         if not layers or head_dim % 16 or head_dim > 256 or heads % kv_heads:
             raise ValueError(f"{heads} heads of {head_dim} over {kv_heads} KV heads")
-        inter = layers[0].gate_up.out_features // 2
+        inter = dims(layers[0].gate_up)[0] // 2
         shapes = {"qkv": ((heads + 2 * kv_heads) * head_dim, hidden),
                   "o": (hidden, heads * head_dim), "gate_up": (2 * inter, hidden),
                   "down": (hidden, inter)}
         for layer in layers:
             for name, shape in shapes.items():
-                qw = getattr(layer, name)
-                if (qw.out_features, qw.in_features) != shape:
-                    raise ValueError(f"{name} is {qw.out_features} x {qw.in_features}, "
-                                     f"expected {shape[0]} x {shape[1]}")
+                if dims(getattr(layer, name)) != shape:
+                    out, inp = dims(getattr(layer, name))
+                    raise ValueError(f"{name} is {out} x {inp}, expected {shape[0]} x {shape[1]}")
             if not (_bf16_vector(layer.input_norm, hidden) and _bf16_vector(layer.post_norm, hidden)):
                 raise ValueError("expected contiguous bf16 norm weights of the hidden size")
         if not _bf16_vector(norm, hidden):

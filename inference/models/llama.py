@@ -23,6 +23,8 @@ class Linear(nn.Linear):
 
     packed: torch.Tensor | None = None
     quantized: QuantizedWeight | None = None
+    # The bf16 weight kept for C matmuls of a few rows (see keep_plain).
+    plain: torch.Tensor | None = None
 
     def set_quantized(self, qw: QuantizedWeight) -> None:
         if (qw.out_features, qw.in_features) != (self.out_features, self.in_features):
@@ -33,6 +35,18 @@ class Linear(nn.Linear):
         self.quantized = qw
         # Only the quantized copy is read from now on (a tied head leaves the embedding).
         self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
+
+    def keep_plain(self) -> bool:
+        """Keep the bf16 weight for the C matmul of a few rows (cpu_kernels.bf16_matmul,
+        and the C decode step), packed or not for more; False where the C matmul does
+        not take it."""
+        w = self.weight.data
+        if self.quantized is not None or self.packed is not None or w.dim() != 2:
+            return False
+        if not cpu_kernels.runs_bf16_matmul(w[:1], w):
+            return False
+        self.plain = w
+        return True
 
     def pack(self, batch_hint: int | None) -> bool:
         if self.quantized is not None:
@@ -48,6 +62,10 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
             return quant_linear(x, self.quantized, self.bias)
+        if self.plain is not None and cpu_kernels.runs_bf16_matmul(x, self.plain):
+            # Decode rows: the C decode step's own matmul, so both give the same sums.
+            y = cpu_kernels.bf16_matmul(x, self.plain)
+            return y if self.bias is None else y.add_(self.bias)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return linear(x, self.weight, self.bias)
@@ -217,20 +235,29 @@ class LlamaForCausalLM(nn.Module):
 
     def build_decode_stack(self) -> bool:
         """Run decode steps of a few sequences as one C call (kernels.decode_stack)
-        where it can: every layer's matmuls quantized, bf16 on a CPU with the kernels.
-        False, and the torch forward kept, elsewhere."""
+        where it can: bf16 on a CPU with the kernels, every layer's matmuls quantized
+        or all plain bf16 (call it before pack_weights: a plain weight is then kept
+        beside its packed copy). False, and the torch forward kept, elsewhere."""
         self.decode_stack = None
         norms = [self.norm.weight] + [w for layer in self.layers for w in (
             layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
         linears = [m for name, m in self.linear_layers().items() if name != "lm_head"]
-        if not (cpu_kernels.available() and all(m.quantized is not None for m in linears)
-                and all(cpu_kernels.runs_rms_norm(w, w) for w in norms)):
+        if not (cpu_kernels.available() and all(cpu_kernels.runs_rms_norm(w, w) for w in norms)):
             return False
+        quantized = all(m.quantized is not None for m in linears)
+        if not quantized and not all(m.keep_plain() for m in linears):
+            for m in linears:
+                m.plain = None
+            return False
+
+        def weight(m: Linear):
+            return m.quantized if m.quantized is not None else m.plain
+
         layers = [
             StackLayer(
                 layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data,
-                layer.self_attn.qkv_proj.quantized, layer.self_attn.o_proj.quantized,
-                layer.mlp.gate_up_proj.quantized, layer.mlp.down_proj.quantized,
+                weight(layer.self_attn.qkv_proj), weight(layer.self_attn.o_proj),
+                weight(layer.mlp.gate_up_proj), weight(layer.mlp.down_proj),
                 None if layer.self_attn.qkv_proj.bias is None
                 else layer.self_attn.qkv_proj.bias.data,
             )

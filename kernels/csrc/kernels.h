@@ -7,7 +7,8 @@
 
 #include <stdint.h>
 
-enum { QUANT_INT8 = 0, QUANT_INT4 = 1 };
+/* Weight kinds: int8 and int4 as quant_linear.c stores them; bf16 plain [out, in_pad]. */
+enum { QUANT_INT8 = 0, QUANT_INT4 = 1, PLAIN_BF16 = 2 };
 #define QUANT_MAX_ROWS 8
 
 /* Bytes of the activations buffer that quant_widen fills for rows of in_pad. */
@@ -18,8 +19,8 @@ int64_t quant_act_bytes(int64_t rows, int64_t in_pad);
    x also the bf16 rows and their sums per group of 32. */
 void quant_widen(float *act, const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad);
 
-/* y[rows, out] = x W^T for a quantized W (see quant_linear.c) and x prepared in act
-   by quant_widen with the same x_bf16; shared loop. */
+/* y[rows, out] = x W^T for a quantized or bf16 W (see quant_linear.c) and x prepared
+   in act by quant_widen with the same x_bf16 (bf16 W takes bf16 x only); shared loop. */
 void quant_matmul_tiles(int kind, const float *act, int x_bf16, int64_t rows, int64_t in_pad,
                         const void *w, const uint16_t *w_scale, int64_t out, void *y,
                         int y_bf16);

@@ -218,6 +218,24 @@ static inline __attribute__((always_inline)) void dot_int4_bf16(
     for (int r = 0; r < R; r++) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
+/* The R rows' dot products with one plain bf16 weight row: bf16 dot products, fp32
+   sums (what oneDNN computes for a bf16 matmul, in another order). */
+static inline __attribute__((always_inline)) void dot_bf16(
+    const uint16_t *w, const uint16_t *xb, int64_t in_pad, const int R, float *res) {
+    __m512 acc[MAX_ROWS][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < in_pad; k += 64) {
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + k);
+        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + k + 32);
+        for (int r = 0; r < R; r++) {
+            const uint16_t *xr = xb + r * in_pad + k;
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], w0, (__m512bh)_mm512_loadu_si512(xr));
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], w1, (__m512bh)_mm512_loadu_si512(xr + 32));
+        }
+    }
+    for (int r = 0; r < R; r++) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
 /* One tile of up to TILE output columns for all rows. */
 #define TILE_BODY(DOT_CALL)                                                               \
     do {                                                                                  \
@@ -254,6 +272,16 @@ void quant_matmul_tiles(int kind, const float *xf, int x_bf16, int64_t rows, int
             TILE_BODY(DOT8);
         }
 #undef DOT8
+    } else if (kind == PLAIN_BF16) {
+        const uint16_t *wb = w;
+        const uint16_t *xb = act_bf16(xf, rows, in_pad);
+#define DOTB(R) dot_bf16(wb + o * in_pad, xb, in_pad, R, res)
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            int64_t o0 = t * TILE;
+            TILE_BODY(DOTB);
+        }
+#undef DOTB
     } else if (x_bf16) {
         const uint8_t *w4 = w;
         const uint16_t *xb = act_bf16(xf, rows, in_pad);
@@ -297,6 +325,12 @@ int quant_linear_int8(const void *x, int x_bf16, int64_t rows, int64_t in, int64
                       int y_bf16, int threads) {
     return quant_linear(QUANT_INT8, x, x_bf16, rows, in, in_pad, w, w_scale, out, y, y_bf16,
                         threads);
+}
+
+/* The same for plain bf16 W [out, in_pad] and bf16 x. */
+int matmul_bf16(const uint16_t *x, int64_t rows, int64_t in, int64_t in_pad, const uint16_t *w,
+                int64_t out, uint16_t *y, int threads) {
+    return quant_linear(PLAIN_BF16, x, 1, rows, in, in_pad, w, NULL, out, y, 1, threads);
 }
 
 /* The same for int4 W (packed nibbles). */

@@ -8,6 +8,7 @@ import torch
 
 from bench import quant_quality as quality
 from inference import EngineConfig, LLMEngine
+from inference.models.llama import Linear
 from kernels import cpu_kernels
 from kernels.decode_stack import DecodeStack, StackLayer
 
@@ -24,11 +25,15 @@ def engine(model, tmp_path, weight_dtype="int8", dtype="bfloat16", **kw) -> LLME
                                   weight_dtype=weight_dtype, model_cache_dir=str(tmp_path), **kw))
 
 
-def test_the_step_is_built_only_where_every_matmul_is_quantized_in_bf16(tiny_model, tmp_path):
-    assert engine(tiny_model, tmp_path, "int8").runner.model.decode_stack is not None
-    assert engine(tiny_model, tmp_path, "int4").runner.model.decode_stack is not None
-    assert engine(tiny_model, tmp_path, "bf16").runner.model.decode_stack is None
+def test_the_step_is_built_only_in_bf16_with_weights_it_takes(tiny_model, tmp_path):
+    for weight_dtype in ("int8", "int4", "bf16"):
+        assert engine(tiny_model, tmp_path, weight_dtype).runner.model.decode_stack is not None
     assert engine(tiny_model, tmp_path, "int8", dtype="float32").runner.model.decode_stack is None
+    # bf16 weights are kept plain beside their packed copies: widths of 64s only
+    plain = engine(tiny_model, tmp_path, "bf16").runner.model.layers[0].mlp.down_proj
+    assert plain.plain is not None and plain.plain.shape == (64, 128)
+    odd = Linear(48, 64, bias=False).to(torch.bfloat16)
+    assert not odd.keep_plain() and odd.plain is None
 
 
 def one_decode_step(eng: LLMEngine, use_stack: bool):
@@ -51,7 +56,7 @@ def one_decode_step(eng: LLMEngine, use_stack: bool):
 
 
 @pytest.mark.parametrize("model_name", ["tiny_model", "tiny_qwen2"])
-@pytest.mark.parametrize("weight_dtype", ["int8", "int4"])
+@pytest.mark.parametrize("weight_dtype", ["int8", "int4", "bf16"])
 def test_a_decode_step_computes_what_the_torch_forward_does(
     request, tmp_path, model_name, weight_dtype
 ):
@@ -69,10 +74,11 @@ def test_a_decode_step_computes_what_the_torch_forward_does(
     torch.testing.assert_close(h_stack.float(), h_torch.float(), rtol=0.02, atol=0.02)
 
 
+@pytest.mark.parametrize("weight_dtype", ["int4", "bf16"])
 def test_replies_are_the_torch_forwards_and_only_small_batches_take_the_step(
-    tiny_model, tmp_path, monkeypatch
+    tiny_model, tmp_path, monkeypatch, weight_dtype
 ):
-    eng = engine(tiny_model, tmp_path, "int4")
+    eng = engine(tiny_model, tmp_path, weight_dtype)
     stack = eng.runner.model.decode_stack
     calls = []
     original = DecodeStack.__call__

@@ -177,7 +177,7 @@ def smollm2_by_weight_dtype():
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("weight_dtype", ["int8", "int4"])
+@pytest.mark.parametrize("weight_dtype", ["bf16", "int8", "int4"])
 def test_the_c_decode_step_gives_the_torch_forwards_replies(smollm2_by_weight_dtype, weight_dtype):
     """The decode step as one C call (kernels.decode_stack) keeps the torch forward's
     roundings: the 8 parity prompts, decoded together, get the same greedy replies."""

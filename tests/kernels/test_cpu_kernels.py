@@ -315,3 +315,38 @@ def test_no_compiler_means_no_kernel(fresh_library, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="kernels.cpu_kernels"):
         assert not cpu_kernels.available()
     assert "no C compiler" in caplog.text
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+@pytest.mark.parametrize("shape", [(576, 960), (1536, 576), (64, 17), (128, 1), (576, 49152)])
+def test_bf16_matmul_matches_fp32_sums_of_bf16_products(rows, shape):
+    """The few-row bf16 matmul of the decode step: exact products, fp32 sums, one
+    rounding to bf16 (within a bf16 step of the fp64 product, plus fp32 sums)."""
+    inp, out = shape
+    g = torch.Generator().manual_seed(rows + out)
+    x = torch.randn(rows, inp, generator=g).bfloat16()
+    w = (torch.randn(out, inp, generator=g) / inp**0.5).bfloat16()
+    got = cpu_kernels.bf16_matmul(x, w)
+    assert got.shape == (rows, out) and got.dtype == torch.bfloat16
+    ref = x.double() @ w.double().T
+    bound = ref.abs() * 2**-8 + 1e-5 * (x.abs().double() @ w.abs().double().T) + 1e-6
+    assert ((got.double() - ref).abs() <= bound).all()
+
+
+@needs_kernel
+def test_bf16_matmul_rejects_what_it_cannot_read():
+    x = torch.randn(2, 128).bfloat16()
+    w = torch.randn(10, 128).bfloat16()
+    bad = {
+        "fp32 rows": (x.float(), w),
+        "fp32 weight": (x, w.float()),
+        "nine rows": (torch.randn(9, 128).bfloat16(), w),
+        "a width of 96": (torch.randn(2, 96).bfloat16(), torch.randn(10, 96).bfloat16()),
+        "widths that differ": (x, torch.randn(10, 192).bfloat16()),
+        "strided weight": (x, torch.randn(128, 10).bfloat16().T),
+    }
+    for name, (a, b) in bad.items():
+        assert not cpu_kernels.runs_bf16_matmul(a, b), name
+        with pytest.raises(ValueError):
+            cpu_kernels.bf16_matmul(a, b)
