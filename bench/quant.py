@@ -8,10 +8,10 @@ and int4 linear weights, and the per-call time of each matmul path:
   rounds. Also one uncached prefill of --prefill-tokens tokens (which dequantizes
   every weight once per step).
 - kernels: x [rows, in] times W [out, in] for SmolLM2's shapes (576 -> 1536,
-  1536 -> 576, and the 576 -> 49152 output head) at 1, 4 and 8 rows: the bf16 path
-  the engine takes (oneDNN with a packed weight), the int8 and int4 C kernels, and
-  dequantizing then multiplying (what more than 8 rows do); microseconds per call,
-  medians over rounds.
+  1536 -> 576, and the 576 -> 49152 output head) at 1, 4 and 8 rows: bf16 through
+  oneDNN with a packed weight (what more than 8 rows take), the C bf16 matmul (what
+  decode rows take), the int8 and int4 C kernels, and dequantizing then multiplying
+  (what more than 8 rows do); microseconds per call, medians over rounds.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def kernel_cases() -> dict[str, dict]:
                 "bf16": (lambda x=x, p=packed: packed_linear(x, p, None)) if packed is not None
                 else (lambda x=x, w=wb: linear(x, w)),
             }
+            if cpu_kernels.runs_bf16_matmul(x, wb):  # the decode step's own bf16 matmul
+                paths["bf16-c"] = lambda x=x, w=wb: cpu_kernels.bf16_matmul(x, w)
             for kind, qw in quantized.items():
                 if cpu_kernels.quant_available():
                     paths[kind] = lambda x=x, qw=qw: ql.kernel_matmul(x, qw)

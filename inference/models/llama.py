@@ -246,9 +246,7 @@ class LlamaForCausalLM(nn.Module):
             return False
         quantized = all(m.quantized is not None for m in linears)
         if not quantized and not all(m.keep_plain() for m in linears):
-            for m in linears:
-                m.plain = None
-            return False
+            return self._drop_plain(linears)
 
         def weight(m: Linear):
             return m.quantized if m.quantized is not None else m.plain
@@ -268,8 +266,15 @@ class LlamaForCausalLM(nn.Module):
             self.decode_stack = DecodeStack(layers, self.norm.weight.data, attn.num_heads,
                                             attn.num_kv_heads, attn.head_dim, self.norm.eps)
         except ValueError:  # a shape the C step does not take (head_dim, say)
-            return False
+            return self._drop_plain(linears)
         return True
+
+    @staticmethod
+    def _drop_plain(linears: list[Linear]) -> bool:
+        """Let packing release the plain weights kept for a decode step not built."""
+        for m in linears:
+            m.plain = None
+        return False
 
     def linear_layers(self) -> dict[str, Linear]:
         """Every matmul layer by its module name: q/k/v, o, gate/up, down and the head."""

@@ -144,8 +144,7 @@ int decode_stack(const stack_model *m, uint16_t *x, int64_t rows, const uint16_t
         return 2;
     const int64_t q_size = heads * hd, kv_size = kv_heads * hd, qkv_out = q_size + 2 * kv_size;
     const int64_t token = kv_size, layer_stride = num_blocks * m->block_size * token;
-    int64_t max_len = 0, in_pad = 0, width = 0;
-    for (int64_t r = 0; r < rows; r++) max_len = lens[r] > max_len ? lens[r] : max_len;
+    int64_t in_pad = 0, width = 0;
     for (int64_t l = 0; l < m->layers; l++) {
         const stack_matmul *ws[4] = {&m->layer[l].qkv, &m->layer[l].o, &m->layer[l].gate_up,
                                      &m->layer[l].down};
@@ -165,11 +164,10 @@ int decode_stack(const stack_model *m, uint16_t *x, int64_t rows, const uint16_t
     }
     uint16_t *h = buf, *y = h + rows * hidden, *q = y + rows * width;
     uint16_t *attn = q + rows * q_size, *act = attn + rows * q_size;
-    const int64_t group = heads / kv_heads;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = malloc((size_t)(group * (max_len + hd)) * sizeof(float));
+        float *scores = decode_attention_buffer(lens, rows, heads, kv_heads, hd);
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;

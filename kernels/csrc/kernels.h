@@ -28,9 +28,13 @@ void quant_matmul_tiles(int kind, const float *act, int x_bf16, int64_t rows, in
 /* One bf16 row's RMSNorm (see rms_norm.c). */
 void rms_norm_row(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t dim, float eps);
 
+/* A thread's score buffer for decode_attention_tasks (malloc'd; NULL for no memory). */
+float *decode_attention_buffer(const int64_t *lens, int64_t batch, int64_t heads,
+                               int64_t kv_heads, int64_t head_dim);
+
 /* Decode attention of batch x kv_heads tasks (see paged_decode.c); shared loop.
-   scores: the calling thread's buffer of group * (max(lens) + head_dim) floats, or
-   NULL, which skips the thread's tasks (the caller reports the failure). */
+   scores: the calling thread's decode_attention_buffer, or NULL, which skips the
+   thread's tasks (the caller reports the failure). */
 void decode_attention_tasks(const uint16_t *query, const uint16_t *k_cache,
                             const uint16_t *v_cache, const int64_t *tables,
                             int64_t table_stride, const int64_t *lens, uint16_t *out,

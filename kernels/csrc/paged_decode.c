@@ -83,6 +83,18 @@ attend(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
     }
 }
 
+static int64_t longest(const int64_t *lens, int64_t batch) {
+    int64_t max_len = 0;
+    for (int64_t b = 0; b < batch; b++) max_len = lens[b] > max_len ? lens[b] : max_len;
+    return max_len;
+}
+
+float *decode_attention_buffer(const int64_t *lens, int64_t batch, int64_t heads,
+                               int64_t kv_heads, int64_t head_dim) {
+    const int64_t group = heads / kv_heads;
+    return malloc((size_t)(group * (longest(lens, batch) + head_dim)) * sizeof(float));
+}
+
 void decode_attention_tasks(const uint16_t *query, const uint16_t *k_cache,
                             const uint16_t *v_cache, const int64_t *tables,
                             int64_t table_stride, const int64_t *lens, uint16_t *out,
@@ -90,9 +102,7 @@ void decode_attention_tasks(const uint16_t *query, const uint16_t *k_cache,
                             int64_t block_size, float scale, float *scores) {
     const int chunks = (int)(head_dim / 16);
     const int64_t group = heads / kv_heads;
-    int64_t max_len = 0;
-    for (int64_t b = 0; b < batch; b++) max_len = lens[b] > max_len ? lens[b] : max_len;
-    float *q32 = scores == NULL ? NULL : scores + group * max_len;
+    float *q32 = scores == NULL ? NULL : scores + group * longest(lens, batch);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < batch * kv_heads; task++) {
         if (scores == NULL) continue;
@@ -120,13 +130,10 @@ int paged_decode_attention_bf16(const uint16_t *query, const uint16_t *k_cache,
                                 int64_t head_dim, int64_t block_size, float scale,
                                 int threads) {
     if (head_dim % 16 || head_dim / 16 > MAX_CHUNKS) return 2;
-    const int64_t group = heads / kv_heads;
-    int64_t max_len = 0;
-    for (int64_t b = 0; b < batch; b++) max_len = lens[b] > max_len ? lens[b] : max_len;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = malloc((size_t)(group * (max_len + head_dim)) * sizeof(float));
+        float *scores = decode_attention_buffer(lens, batch, heads, kv_heads, head_dim);
         if (scores == NULL) {
 #pragma omp atomic write
             failed = 1;
