@@ -170,8 +170,11 @@ class DecodeStack:
         if (tables.dtype != torch.int64 or tables.dim() != 2 or tables.shape[0] != rows
                 or tables.stride(-1) != 1 or tables.shape[1] * block_size < int(lens.max())):
             raise ValueError("expected int64 block tables covering every context")
-        if int(slots.max()) >= blocks * block_size or int(tables.max()) >= blocks:
+        if int(slots.max()) >= blocks * block_size or not 0 <= int(tables.min()) <= int(
+                tables.max()) < blocks:
             raise ValueError("a slot or block lies outside the cache")
+        if int(lens.min()) < 1:
+            raise ValueError("every row attends to at least its own token")
         self._model.block_size = block_size
         out = torch.empty_like(x)
         rc = cpu_kernels.loaded().decode_stack(

@@ -119,6 +119,8 @@ def test_bad_inputs_are_refused(tiny_model, tmp_path):
         "slot past the cache": (x, cos, sin, torch.tensor([0, kv[0, 0].numel()]), kv, tables, lens),
         "block past the cache": (x, cos, sin, slots, kv, torch.tensor([[0], [10**6]]), lens),
         "table too short": (x, cos, sin, slots, kv, tables, torch.tensor([1, 5])),
+        "negative block": (x, cos, sin, slots, kv, torch.tensor([[0], [-1]]), lens),
+        "empty context": (x, cos, sin, slots, kv, tables, torch.tensor([1, 0])),
         "nine rows": (torch.zeros(9, hidden, dtype=torch.bfloat16),) * 1
         + (cos, sin, slots, kv, tables, lens),
         "float cache": (x, cos, sin, slots, kv.float(), tables, lens),
