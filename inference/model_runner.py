@@ -48,8 +48,8 @@ class ModelRunner:
         # Decode batches are the common shape: oneDNN lays weights out for them.
         on_cpu = config.pack_weights and self.device.type == "cpu"
         if on_cpu and self.model.pack_weights(batch_hint=config.max_num_seqs):
-            plain = sum(m.plain.nbytes for m in self.model.linear_layers().values()
-                        if m.plain is not None and m.packed is not None)
+            plain = sum(m.weight.nbytes for m in self.model.linear_layers().values()
+                        if m.keeps_plain and m.packed is not None)
             log.info("matmul weights packed for oneDNN%s", f" ({plain / 2**20:.0f} MiB of bf16 "
                      "weights also kept plain for the C decode step)" if plain else "")
         # Rotary frequencies stay fp32 for accuracy at long positions.

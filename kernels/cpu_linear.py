@@ -1,4 +1,4 @@
-"""Linear layers on CPU with weights packed once for oneDNN.
+"""Linear layers on CPU: weights packed once for oneDNN, and a few bf16 rows in C.
 
 Eager F.linear in bf16 hands oneDNN a plain row-major weight, which it
 re-lays out into its blocked (AMX/AVX512 tile) format on every call. Packing
@@ -13,6 +13,8 @@ import logging
 
 import torch
 import torch.nn.functional as F
+
+from kernels import cpu_kernels
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +48,13 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, except that one row on CPU is a matrix-vector product: torch.mv
-    streams a bf16 weight ~1.7x faster than F.linear's one-row matmul."""
+    """F.linear, except on CPU: up to 8 bf16 rows where the C kernels run take
+    cpu_kernels.bf16_matmul (the C decode step's own matmul: exact products, fp32
+    sums), and one other row is a matrix-vector product (torch.mv streams a bf16
+    weight ~1.7x faster than F.linear's one-row matmul)."""
+    if cpu_kernels.runs_bf16_matmul(x, weight):
+        y = cpu_kernels.bf16_matmul(x, weight)
+        return y if bias is None else y.add_(bias)
     if x.shape[0] == 1 and x.dim() == 2 and x.device.type == "cpu":
         y = torch.mv(weight, x[0]).unsqueeze(0)
         return y if bias is None else y.add_(bias)

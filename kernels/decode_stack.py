@@ -1,7 +1,8 @@
-"""A whole decode step in one C call (csrc/decode_stack.c) for models whose matmul
-weights are all quantized, or all plain bf16 with widths that are multiples of 64: every layer of a Llama-family model for a few rows of one
-new token each, then the final norm. Same ops and bf16 roundings as the torch
-forward, without its ~300 Python-dispatched ops and per-kernel thread wake-ups.
+"""A whole decode step in one C call (csrc/decode_stack.c): every layer of a
+Llama-family model for a few rows of one new token each, then the final norm, for
+matmul weights that are all quantized or all plain bf16 with widths that are
+multiples of 64. Same ops and bf16 roundings as the torch forward, without its ~300
+Python-dispatched ops and per-kernel thread wake-ups.
 """
 
 from __future__ import annotations
@@ -86,22 +87,19 @@ def _bf16_vector(t: torch.Tensor, size: int) -> bool:
     return t.dtype == torch.bfloat16 and t.is_cpu and t.is_contiguous() and t.shape == (size,)
 
 
-def _matmul(qw: Weight, bias: torch.Tensor | None) -> _Matmul:
-    if isinstance(qw, torch.Tensor):
-        out, inp = qw.shape
-        if not (qw.dtype == torch.bfloat16 and qw.is_cpu and qw.is_contiguous() and inp % 64 == 0):
+def _matmul(w: Weight, bias: torch.Tensor | None) -> _Matmul:
+    out, inp = dims(w)
+    if isinstance(w, torch.Tensor):
+        if not cpu_kernels.runs_bf16_matmul(w[:1], w):
             raise ValueError("expected a contiguous bf16 CPU weight whose width is a multiple of 64")
-        if bias is not None and not _bf16_vector(bias, out):
-            raise ValueError("expected a contiguous bf16 bias of the layer's outputs")
-        return _Matmul(PLAIN_BF16, qw.data_ptr(), None, None if bias is None else bias.data_ptr(),
-                       inp, inp, out)
-    if qw.kind not in KINDS or not (qw.data.is_cpu and qw.data.is_contiguous()):
-        raise ValueError("expected a quantized CPU weight")
-    if bias is not None and not _bf16_vector(bias, qw.out_features):
+        kind, data, scale, in_pad = PLAIN_BF16, w.data_ptr(), None, inp
+    else:
+        if w.kind not in KINDS or not (w.data.is_cpu and w.data.is_contiguous()):
+            raise ValueError("expected a quantized CPU weight")
+        kind, data, scale, in_pad = KINDS.index(w.kind), w.data.data_ptr(), w.scale.data_ptr(), padded(inp)
+    if bias is not None and not _bf16_vector(bias, out):
         raise ValueError("expected a contiguous bf16 bias of the layer's outputs")
-    return _Matmul(KINDS.index(qw.kind), qw.data.data_ptr(), qw.scale.data_ptr(),
-                   None if bias is None else bias.data_ptr(), qw.in_features,
-                   padded(qw.in_features), qw.out_features)
+    return _Matmul(kind, data, scale, None if bias is None else bias.data_ptr(), inp, in_pad, out)
 
 
 class DecodeStack:

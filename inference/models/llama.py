@@ -13,6 +13,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from kernels import AttentionMetadata, cpu_kernels, paged_attention, store_kvcache
 from kernels.cpu_linear import linear, pack_weight, packed_linear
+from kernels.decode_stack import MAX_ROWS as MAX_STACK_ROWS
 from kernels.decode_stack import DecodeStack, StackLayer
 from kernels.quant_linear import QuantizedWeight, quant_linear
 
@@ -23,8 +24,9 @@ class Linear(nn.Linear):
 
     packed: torch.Tensor | None = None
     quantized: QuantizedWeight | None = None
-    # The bf16 weight kept for C matmuls of a few rows (see keep_plain).
-    plain: torch.Tensor | None = None
+    # The C decode step reads the plain weight: packing keeps it beside the packed copy,
+    # and a few rows take it (kernels.cpu_linear.linear runs them in C).
+    keeps_plain: bool = False
 
     def set_quantized(self, qw: QuantizedWeight) -> None:
         if (qw.out_features, qw.in_features) != (self.out_features, self.in_features):
@@ -36,17 +38,9 @@ class Linear(nn.Linear):
         # Only the quantized copy is read from now on (a tied head leaves the embedding).
         self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
 
-    def keep_plain(self) -> bool:
-        """Keep the bf16 weight for the C matmul of a few rows (cpu_kernels.bf16_matmul,
-        and the C decode step), packed or not for more; False where the C matmul does
-        not take it."""
-        w = self.weight.data
-        if self.quantized is not None or self.packed is not None or w.dim() != 2:
-            return False
-        if not cpu_kernels.runs_bf16_matmul(w[:1], w):
-            return False
-        self.plain = w
-        return True
+    def takes_plain_rows(self) -> bool:
+        """Whether a few rows can multiply the plain bf16 weight in C."""
+        return cpu_kernels.runs_bf16_matmul(self.weight[:1], self.weight)
 
     def pack(self, batch_hint: int | None) -> bool:
         if self.quantized is not None:
@@ -55,18 +49,15 @@ class Linear(nn.Linear):
         if packed is None:
             return False
         self.packed = packed
-        # Only the packed copy is read from now on; release the plain one.
-        self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
+        if not self.keeps_plain:  # only the packed copy is read from now on
+            self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
             return quant_linear(x, self.quantized, self.bias)
-        if self.plain is not None and cpu_kernels.runs_bf16_matmul(x, self.plain):
-            # Decode rows: the C decode step's own matmul, so both give the same sums.
-            y = cpu_kernels.bf16_matmul(x, self.plain)
-            return y if self.bias is None else y.add_(self.bias)
-        if self.packed is not None:
+        # A kept plain weight serves a few rows (the C decode step's own matmul).
+        if self.packed is not None and not (self.keeps_plain and x.shape[0] <= MAX_STACK_ROWS):
             return packed_linear(x, self.packed, self.bias)
         return linear(x, self.weight, self.bias)
 
@@ -237,7 +228,8 @@ class LlamaForCausalLM(nn.Module):
         """Run decode steps of a few sequences as one C call (kernels.decode_stack)
         where it can: bf16 on a CPU with the kernels, every layer's matmuls quantized
         or all plain bf16 (call it before pack_weights: a plain weight is then kept
-        beside its packed copy). False, and the torch forward kept, elsewhere."""
+        beside its packed copy, see Linear.keeps_plain). False, and the torch forward
+        kept, elsewhere."""
         self.decode_stack = None
         norms = [self.norm.weight] + [w for layer in self.layers for w in (
             layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
@@ -245,17 +237,14 @@ class LlamaForCausalLM(nn.Module):
         if not (cpu_kernels.available() and all(cpu_kernels.runs_rms_norm(w, w) for w in norms)):
             return False
         quantized = all(m.quantized is not None for m in linears)
-        if not quantized and not all(m.keep_plain() for m in linears):
-            return self._drop_plain(linears)
-
-        def weight(m: Linear):
-            return m.quantized if m.quantized is not None else m.plain
-
+        if not quantized and not all(m.takes_plain_rows() for m in linears):
+            return False
         layers = [
             StackLayer(
                 layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data,
-                weight(layer.self_attn.qkv_proj), weight(layer.self_attn.o_proj),
-                weight(layer.mlp.gate_up_proj), weight(layer.mlp.down_proj),
+                *(m.quantized if quantized else m.weight.data for m in (
+                    layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                    layer.mlp.gate_up_proj, layer.mlp.down_proj)),
                 None if layer.self_attn.qkv_proj.bias is None
                 else layer.self_attn.qkv_proj.bias.data,
             )
@@ -266,15 +255,10 @@ class LlamaForCausalLM(nn.Module):
             self.decode_stack = DecodeStack(layers, self.norm.weight.data, attn.num_heads,
                                             attn.num_kv_heads, attn.head_dim, self.norm.eps)
         except ValueError:  # a shape the C step does not take (head_dim, say)
-            return self._drop_plain(linears)
-        return True
-
-    @staticmethod
-    def _drop_plain(linears: list[Linear]) -> bool:
-        """Let packing release the plain weights kept for a decode step not built."""
+            return False
         for m in linears:
-            m.plain = None
-        return False
+            m.keeps_plain = not quantized
+        return True
 
     def linear_layers(self) -> dict[str, Linear]:
         """Every matmul layer by its module name: q/k/v, o, gate/up, down and the head."""

@@ -54,11 +54,6 @@ static inline uint16_t to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-static inline __m512 round_to_bf16(__m512 v) {
-    __m256bh h = _mm512_cvtneps_pbh(v);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
-}
-
 static inline void store_bf16(uint16_t *p, __m512 v, __mmask16 m) {
     _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
 }
@@ -95,7 +90,7 @@ static void silu_mul(const uint16_t *gate_up, uint16_t *act, int64_t rows, int64
             __mmask16 m = tail_mask(inter - i);
             __m512 x = load_bf16(g + i, m);
             __m512 e = exp_fine(_mm512_sub_ps(_mm512_setzero_ps(), x));
-            __m512 s = round_to_bf16(_mm512_div_ps(x, _mm512_add_ps(one, e)));
+            __m512 s = round_bf16(_mm512_div_ps(x, _mm512_add_ps(one, e)));
             store_bf16(act + r * inter + i, _mm512_mul_ps(s, load_bf16(u + i, m)), m);
         }
     }
@@ -167,11 +162,7 @@ int decode_stack(const stack_model *m, uint16_t *x, int64_t rows, const uint16_t
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = decode_attention_buffer(lens, rows, heads, kv_heads, hd);
-        if (scores == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *scores = decode_attention_buffer(lens, rows, heads, kv_heads, hd, &failed);
         for (int64_t l = 0; l < m->layers; l++) {
             const stack_layer *L = &m->layer[l];
             uint16_t *k_cache = kv + l * layer_stride;
@@ -180,7 +171,7 @@ int decode_stack(const stack_model *m, uint16_t *x, int64_t rows, const uint16_t
             {
                 for (int64_t r = 0; r < rows; r++)
                     rms_norm_row(x + r * hidden, L->input_norm, h + r * hidden, hidden, m->eps);
-                quant_widen(xf, h, 1, rows, hidden, L->qkv.in_pad);
+                quant_widen(xf, h, 1, rows, hidden, L->qkv.in_pad, (int)L->qkv.kind);
             }
             matmul(&L->qkv, xf, rows, y);
 #pragma omp single
@@ -197,20 +188,20 @@ int decode_stack(const stack_model *m, uint16_t *x, int64_t rows, const uint16_t
             decode_attention_tasks(q, k_cache, v_cache, tables, table_stride, lens, attn, rows,
                                    heads, kv_heads, hd, m->block_size, m->scale, scores);
 #pragma omp single
-            quant_widen(xf, attn, 1, rows, q_size, L->o.in_pad);
+            quant_widen(xf, attn, 1, rows, q_size, L->o.in_pad, (int)L->o.kind);
             matmul(&L->o, xf, rows, y);
 #pragma omp single
             {
                 add_into(x, y, rows * hidden);
                 for (int64_t r = 0; r < rows; r++)
                     rms_norm_row(x + r * hidden, L->post_norm, h + r * hidden, hidden, m->eps);
-                quant_widen(xf, h, 1, rows, hidden, L->gate_up.in_pad);
+                quant_widen(xf, h, 1, rows, hidden, L->gate_up.in_pad, (int)L->gate_up.kind);
             }
             matmul(&L->gate_up, xf, rows, y);
 #pragma omp single
             {
                 silu_mul(y, act, rows, inter);
-                quant_widen(xf, act, 1, rows, inter, L->down.in_pad);
+                quant_widen(xf, act, 1, rows, inter, L->down.in_pad, (int)L->down.kind);
             }
             matmul(&L->down, xf, rows, y);
 #pragma omp single

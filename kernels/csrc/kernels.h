@@ -14,10 +14,10 @@ enum { QUANT_INT8 = 0, QUANT_INT4 = 1, PLAIN_BF16 = 2 };
 /* Bytes of the activations buffer that quant_widen fills for rows of in_pad. */
 int64_t quant_act_bytes(int64_t rows, int64_t in_pad);
 
-/* rows of x (bf16 or fp32, `in` wide) prepared for quant_matmul_tiles in act (64-byte
-   aligned, quant_act_bytes long): fp32 rows padded with zeros to in_pad, and for bf16
-   x also the bf16 rows and their sums per group of 32. */
-void quant_widen(float *act, const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad);
+/* rows of x (bf16 or fp32, `in` wide) prepared in act (64-byte aligned,
+   quant_act_bytes long) as the matmul of a weight of that kind reads them. */
+void quant_widen(float *act, const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad,
+                 int kind);
 
 /* y[rows, out] = x W^T for a quantized or bf16 W (see quant_linear.c) and x prepared
    in act by quant_widen with the same x_bf16 (bf16 W takes bf16 x only); shared loop. */
@@ -28,9 +28,10 @@ void quant_matmul_tiles(int kind, const float *act, int x_bf16, int64_t rows, in
 /* One bf16 row's RMSNorm (see rms_norm.c). */
 void rms_norm_row(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t dim, float eps);
 
-/* A thread's score buffer for decode_attention_tasks (malloc'd; NULL for no memory). */
+/* A thread's score buffer for decode_attention_tasks (malloc'd); NULL for no memory,
+   and *failed set. */
 float *decode_attention_buffer(const int64_t *lens, int64_t batch, int64_t heads,
-                               int64_t kv_heads, int64_t head_dim);
+                               int64_t kv_heads, int64_t head_dim, int *failed);
 
 /* Decode attention of batch x kv_heads tasks (see paged_decode.c); shared loop.
    scores: the calling thread's decode_attention_buffer, or NULL, which skips the

@@ -90,9 +90,14 @@ static int64_t longest(const int64_t *lens, int64_t batch) {
 }
 
 float *decode_attention_buffer(const int64_t *lens, int64_t batch, int64_t heads,
-                               int64_t kv_heads, int64_t head_dim) {
+                               int64_t kv_heads, int64_t head_dim, int *failed) {
     const int64_t group = heads / kv_heads;
-    return malloc((size_t)(group * (longest(lens, batch) + head_dim)) * sizeof(float));
+    float *scores = malloc((size_t)(group * (longest(lens, batch) + head_dim)) * sizeof(float));
+    if (scores == NULL) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+    return scores;
 }
 
 void decode_attention_tasks(const uint16_t *query, const uint16_t *k_cache,
@@ -133,11 +138,7 @@ int paged_decode_attention_bf16(const uint16_t *query, const uint16_t *k_cache,
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = decode_attention_buffer(lens, batch, heads, kv_heads, head_dim);
-        if (scores == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *scores = decode_attention_buffer(lens, batch, heads, kv_heads, head_dim, &failed);
         decode_attention_tasks(query, k_cache, v_cache, tables, table_stride, lens, out, batch,
                                heads, kv_heads, head_dim, block_size, scale, scores);
         free(scores);

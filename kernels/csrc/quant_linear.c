@@ -45,41 +45,49 @@ static inline float *act_sums(const float *act, int64_t rows, int64_t in_pad) {
     return (float *)(act_bf16(act, rows, in_pad) + rows * in_pad);
 }
 
-/* x rows as fp32, each padded with zeros to in_pad, so the padded weights add nothing.
-   bf16 rows are also kept as bf16 (for the int4 kernel's bf16 dot products), with
-   each group's sum at the odd places of a [in_pad / 16] row whose even places are 0:
-   the int4 offsets m, read as (d, m) pairs, dot it to add m * sum(x) per group. */
-void quant_widen(float *act, const void *x, int bf16, int64_t rows, int64_t in, int64_t in_pad) {
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t c = 0; c < in_pad; c += 16) {
-            __m512 v = _mm512_setzero_ps();
-            if (c < in) {
-                __mmask16 m = tail_mask(in - c);
-                v = bf16 ? load_bf16((const uint16_t *)x + r * in + c, m)
-                         : _mm512_maskz_loadu_ps(m, (const float *)x + r * in + c);
-            }
-            _mm512_store_ps(act + r * in_pad + c, v);
-        }
-    }
-    if (!bf16) return;
+/* Whether kind's kernel reads bf16 rows (and, for int4, their group sums) rather
+   than fp32 ones: bf16 weights always take bf16 x; int4 takes it where x is bf16. */
+static inline int reads_bf16(int kind, int x_bf16) { return x_bf16 && kind != QUANT_INT8; }
+
+/* x rows as kind's kernel reads them, each padded with zeros to in_pad so the padded
+   weights add nothing: fp32 rows, or bf16 rows and, for int4, each group's sum at the
+   odd places of a [in_pad / 16] row whose even places are 0 (the int4 offsets m,
+   read as (d, m) pairs, dot it to add m * sum(x) per group). */
+void quant_widen(float *act, const void *x, int bf16, int64_t rows, int64_t in, int64_t in_pad,
+                 int kind) {
+    const int as_bf16 = reads_bf16(kind, bf16);
     uint16_t *xb = act_bf16(act, rows, in_pad);
     float *sums = act_sums(act, rows, in_pad);
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t c = 0; c < in_pad; c += 32) {
-            const float *g = act + r * in_pad + c;
-            __m512 lo = _mm512_load_ps(g), hi = _mm512_load_ps(g + 16);
-            sums[r * (in_pad / 16) + c / 16] = 0.0f;
-            sums[r * (in_pad / 16) + c / 16 + 1] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
-            _mm256_storeu_si256((__m256i *)(xb + r * in_pad + c), (__m256i)_mm512_cvtneps_pbh(lo));
-            _mm256_storeu_si256((__m256i *)(xb + r * in_pad + c + 16),
-                                (__m256i)_mm512_cvtneps_pbh(hi));
+            __m512 v[2];
+            for (int j = 0; j < 2; j++) {
+                const int64_t at = c + 16 * j;
+                v[j] = _mm512_setzero_ps();
+                if (at < in) {
+                    __mmask16 m = tail_mask(in - at);
+                    v[j] = bf16 ? load_bf16((const uint16_t *)x + r * in + at, m)
+                                : _mm512_maskz_loadu_ps(m, (const float *)x + r * in + at);
+                }
+                if (as_bf16)
+                    _mm256_storeu_si256((__m256i *)(xb + r * in_pad + at),
+                                        (__m256i)_mm512_cvtneps_pbh(v[j]));
+                else
+                    _mm512_store_ps(act + r * in_pad + at, v[j]);
+            }
+            if (as_bf16 && kind == QUANT_INT4) {
+                sums[r * (in_pad / 16) + c / 16] = 0.0f;
+                sums[r * (in_pad / 16) + c / 16 + 1] =
+                    _mm512_reduce_add_ps(_mm512_add_ps(v[0], v[1]));
+            }
         }
     }
 }
 
-static float *widen_rows(const void *x, int bf16, int64_t rows, int64_t in, int64_t in_pad) {
+static float *widen_rows(const void *x, int bf16, int64_t rows, int64_t in, int64_t in_pad,
+                         int kind) {
     float *act = aligned_alloc(64, (size_t)quant_act_bytes(rows, in_pad));
-    if (act) quant_widen(act, x, bf16, rows, in, in_pad);
+    if (act) quant_widen(act, x, bf16, rows, in, in_pad, kind);
     return act;
 }
 
@@ -259,57 +267,46 @@ static inline __attribute__((always_inline)) void dot_bf16(
         for (int r = 0; r < rows; r++) store_out(y, y_bf16, out, r, o0, tmp[r], n);       \
     } while (0)
 
+/* The tiles of output columns, shared by the region's threads. */
+#define TILE_LOOP(DOT_CALL)                                                               \
+    _Pragma("omp for schedule(static)") for (int64_t t = 0; t < tiles; t++) {             \
+        int64_t o0 = t * TILE;                                                            \
+        TILE_BODY(DOT_CALL);                                                              \
+    }
+
 void quant_matmul_tiles(int kind, const float *xf, int x_bf16, int64_t rows, int64_t in_pad,
                         const void *w, const uint16_t *w_scale, int64_t out, void *y,
                         int y_bf16) {
     const int64_t tiles = (out + TILE - 1) / TILE;
-    if (kind == QUANT_INT8) {
-        const int8_t *w8 = w;
+    const uint16_t *xb = act_bf16(xf, rows, in_pad);
+    const int8_t *w8 = w;
+    const uint8_t *w4 = w;
+    const uint16_t *wb = w;
 #define DOT8(R) dot_int8(w8 + o * in_pad, w_scale + o * in_pad / 32, xf, in_pad, R, res)
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            int64_t o0 = t * TILE;
-            TILE_BODY(DOT8);
-        }
-#undef DOT8
-    } else if (kind == PLAIN_BF16) {
-        const uint16_t *wb = w;
-        const uint16_t *xb = act_bf16(xf, rows, in_pad);
 #define DOTB(R) dot_bf16(wb + o * in_pad, xb, in_pad, R, res)
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            int64_t o0 = t * TILE;
-            TILE_BODY(DOTB);
-        }
-#undef DOTB
-    } else if (x_bf16) {
-        const uint8_t *w4 = w;
-        const uint16_t *xb = act_bf16(xf, rows, in_pad);
-        const float *sums = act_sums(xf, rows, in_pad);
-#define DOT4B(R) dot_int4_bf16(w4 + o * in_pad / 2, w_scale + o * in_pad / 16, xb, sums, in_pad, R, res)
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            int64_t o0 = t * TILE;
-            TILE_BODY(DOT4B);
-        }
-#undef DOT4B
-    } else {
-        const uint8_t *w4 = w;
+#define DOT4B(R)                                                                          \
+    dot_int4_bf16(w4 + o * in_pad / 2, w_scale + o * in_pad / 16, xb,                     \
+                  act_sums(xf, rows, in_pad), in_pad, R, res)
 #define DOT4(R) dot_int4(w4 + o * in_pad / 2, w_scale + o * in_pad / 16, xf, in_pad, R, res)
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            int64_t o0 = t * TILE;
-            TILE_BODY(DOT4);
-        }
+    if (kind == QUANT_INT8)
+        TILE_LOOP(DOT8)
+    else if (kind == PLAIN_BF16)
+        TILE_LOOP(DOTB)
+    else if (reads_bf16(kind, x_bf16))
+        TILE_LOOP(DOT4B)
+    else
+        TILE_LOOP(DOT4)
+#undef DOT8
+#undef DOTB
+#undef DOT4B
 #undef DOT4
-    }
 }
 
 static int quant_linear(int kind, const void *x, int x_bf16, int64_t rows, int64_t in,
                         int64_t in_pad, const void *w, const uint16_t *w_scale, int64_t out,
                         void *y, int y_bf16, int threads) {
     if (rows < 1 || rows > MAX_ROWS || in_pad % 64 || in > in_pad) return 2;
-    float *xf = widen_rows(x, x_bf16, rows, in, in_pad);
+    float *xf = widen_rows(x, x_bf16, rows, in, in_pad, kind);
     if (!xf) return 1;
     /* A thread wake-up costs more than a small matrix's work. */
 #pragma omp parallel num_threads(threads) if (out * in_pad >= 65536)

@@ -8,11 +8,6 @@
 #include "kernels.h"
 #include "vec.h"
 
-static inline __m512 round_bf16(__m512 v) {
-    __m256bh h = _mm512_cvtneps_pbh(v);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
-}
-
 void rms_norm_row(const uint16_t *x, const uint16_t *w, uint16_t *out, int64_t dim,
                      float eps) {
     __m512 acc = _mm512_setzero_ps();

@@ -1,4 +1,4 @@
-/* AVX512 helpers shared by the CPU kernels: bf16 loads, tail masks, exp. */
+/* AVX512 helpers shared by the CPU kernels: bf16 loads and rounding, tail masks, exp. */
 #ifndef PREFIXCHAT_VEC_H
 #define PREFIXCHAT_VEC_H
 
@@ -12,6 +12,12 @@ static inline __mmask16 tail_mask(int64_t left) {
 static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
     __m256i h = _mm256_maskz_loadu_epi16(m, p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* v rounded to bf16 (nearest even), kept as fp32. */
+static inline __m512 round_bf16(__m512 v) {
+    __m256bh h = _mm512_cvtneps_pbh(v);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
 }
 
 /* e^x for x <= 0: e^x = 2^k e^r with |r| <= ln2 / 2, e^r by its Taylor polynomial. */

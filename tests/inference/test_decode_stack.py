@@ -31,9 +31,9 @@ def test_the_step_is_built_only_in_bf16_with_weights_it_takes(tiny_model, tmp_pa
     assert engine(tiny_model, tmp_path, "int8", dtype="float32").runner.model.decode_stack is None
     # bf16 weights are kept plain beside their packed copies: widths of 64s only
     plain = engine(tiny_model, tmp_path, "bf16").runner.model.layers[0].mlp.down_proj
-    assert plain.plain is not None and plain.plain.shape == (64, 128)
+    assert plain.keeps_plain and plain.packed is not None and plain.weight.shape == (64, 128)
     odd = Linear(48, 64, bias=False).to(torch.bfloat16)
-    assert not odd.keep_plain() and odd.plain is None
+    assert not odd.takes_plain_rows() and not odd.keeps_plain
 
 
 def one_decode_step(eng: LLMEngine, use_stack: bool):

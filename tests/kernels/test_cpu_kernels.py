@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels.attention as attention
-from kernels import cpu_kernels
+from kernels import cpu_kernels, cpu_linear
 from kernels.attention import AttentionMetadata, gather_kv, paged_attention
 from tests.kernels.test_attention import dense_attention
 
@@ -329,6 +329,8 @@ def test_bf16_matmul_matches_fp32_sums_of_bf16_products(rows, shape):
     w = (torch.randn(out, inp, generator=g) / inp**0.5).bfloat16()
     got = cpu_kernels.bf16_matmul(x, w)
     assert got.shape == (rows, out) and got.dtype == torch.bfloat16
+    # Plain bf16 linear layers take it for their few rows.
+    assert torch.equal(cpu_linear.linear(x, w), got)
     ref = x.double() @ w.double().T
     bound = ref.abs() * 2**-8 + 1e-5 * (x.abs().double() @ w.abs().double().T) + 1e-6
     assert ((got.double() - ref).abs() <= bound).all()
