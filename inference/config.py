@@ -44,8 +44,9 @@ class EngineConfig:
     model_cache_dir: str | None = None
     # On CPU, lay bf16 matmul weights out once in oneDNN's blocked format (kernels/cpu_linear).
     pack_weights: bool = True
-    # Linear-layer weights: "bf16" keeps them in the compute dtype; "int8" (Q8_0's grid)
-    # or "int4" (Q4_1's, the head int8) quantize them at load (kernels/quant_linear).
+    # Linear-layer weights: "bf16" keeps them in the compute dtype; "int8" (8 bits with
+    # an offset, the head Q8_0) or "int4" (Q4_1, the head Q8_0) quantize them at load
+    # (inference/quantize.layer_kind, kernels/quant_linear).
     weight_dtype: str = "bf16"
     # Label used for metrics and the dashboard ("web", "worker@host").
     engine_id: str = "embedded"

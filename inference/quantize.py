@@ -17,21 +17,28 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from inference.loader import quantized_cache_path, resolve_model_path
-from kernels.quant_linear import KINDS, QuantizedWeight, quantize, stored_layout
+from kernels.quant_linear import QuantizedWeight, quantize, stored_layout
 
 log = logging.getLogger(__name__)
 
 # Bump when the stored layout changes (kernels/quant_linear's docstring describes it).
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 FORMAT_NAME = "prefixchat-quantized-linear"
+QUANTIZED_DTYPES = ("int8", "int4")  # the weight dtypes (inference.config) that quantize
 
 
 def layer_kind(name: str, kind: str) -> str:
-    """The format a layer gets under the model's weight dtype: the output head stays
-    int8 under int4. Its error moves every logit directly (int4 there took the held
-    text's KL from bf16 from 0.003 to 0.05 nats a token on SmolLM2), and GGUF's 4-bit
-    files keep it at 6 or 8 bits as well, so llama.cpp's Q4_1 reads the same bytes."""
-    return "int8" if name == "lm_head" else kind
+    """The format (kernels.quant_linear's kinds) a layer gets under the model's weight
+    dtype. The output head is int8 (Q8_0's grid) under both: its error moves every
+    logit directly (int4 there took the held text's KL from bf16 from 0.003 to 0.05
+    nats a token on SmolLM2), and GGUF files keep it at 6 or 8 bits, so llama.cpp's
+    Q4_1 reads the same bytes. The other layers take int4, or under int8 the 8-bit grid
+    with an offset (uint8): it holds SmolLM2's shipped Q4_1 layers on their levels,
+    where Q8_0's symmetric grid moved them (the held text's KL from bf16: 0.0034 nats a
+    token)."""
+    if name == "lm_head":
+        return "int8"
+    return "uint8" if kind == "int8" else kind
 
 
 def load_cached(path: Path, layers: dict, kind: str) -> dict[str, QuantizedWeight]:
@@ -84,8 +91,8 @@ def quantize_model(model, kind: str, cache_file: Path | None = None) -> bool:
     quantized copy of its weight, read from cache_file where it holds one; True when
     it did. Call it before casting the model to its compute dtype, so the weights
     are quantized from full precision."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown weight dtype {kind!r}; expected one of {KINDS}")
+    if kind not in QUANTIZED_DTYPES:
+        raise ValueError(f"unknown weight dtype {kind!r}; expected one of {QUANTIZED_DTYPES}")
     layers = model.linear_layers()
     device = next(iter(layers.values())).weight.device
     weights = None

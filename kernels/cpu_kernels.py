@@ -1,7 +1,7 @@
 """The C kernels of the CPU path (csrc/), compiled for this machine on first use:
 the causal softmax of scores held whole, a gather of K/V into head-major order,
 decode attention read in place through block tables, RMSNorm, and matmuls of a few
-rows against int8/int4 weights (see kernels.quant_linear).
+rows against int8/int4/uint8 weights (see kernels.quant_linear).
 
 On a CPU with AVX512-BF16 the sources are built once with the system's C compiler
 into a per-user cache and loaded with ctypes: a second or so, once. Where there is
@@ -123,7 +123,7 @@ def _library() -> ctypes.CDLL | None:
         + (ctypes.c_int,)
     )
     fn.restype = None
-    for name in ("quant_linear_int8", "quant_linear_int4"):
+    for name in ("quant_linear_int8", "quant_linear_int4", "quant_linear_uint8"):
         fn = getattr(lib, name)
         fn.argtypes = (
             (ctypes.c_void_p, ctypes.c_int)
@@ -132,7 +132,7 @@ def _library() -> ctypes.CDLL | None:
             + (ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
         )
         fn.restype = ctypes.c_int
-    for name in ("dequant_int8", "dequant_int4"):
+    for name in ("dequant_int8", "dequant_int4", "dequant_uint8"):
         fn = getattr(lib, name)
         fn.argtypes = (
             (ctypes.c_void_p,) * 2 + (ctypes.c_int64,) * 3 + (ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
@@ -311,15 +311,15 @@ def quant_available() -> bool:
 
 def _check_quant(kind: str, data: torch.Tensor, scale: torch.Tensor, in_features: int) -> int:
     """Validate a quantized weight's tensors (see kernels.quant_linear); its padded width."""
-    if kind not in ("int8", "int4"):
+    if kind not in ("int8", "int4", "uint8"):
         raise ValueError(f"unknown weight kind {kind!r}")
-    dtypes = {"int8": torch.int8, "int4": torch.uint8}[kind], torch.float16
+    dtypes = {"int8": torch.int8, "int4": torch.uint8, "uint8": torch.uint8}[kind], torch.float16
     if (data.dtype, scale.dtype) != dtypes or data.dim() != 2:
         raise ValueError(f"{kind} weights are {dtypes[0]} data with {dtypes[1]} scales")
     if not (data.is_cpu and scale.is_cpu and data.is_contiguous() and scale.is_contiguous()):
         raise ValueError("expected contiguous CPU weight tensors")
     in_pad = data.shape[1] * (2 if kind == "int4" else 1)
-    groups = (data.shape[0], in_pad // 32) + ((2,) if kind == "int4" else ())
+    groups = (data.shape[0], in_pad // 32) + ((2,) if kind != "int8" else ())
     if in_pad % 64 or not 0 < in_features <= in_pad or tuple(scale.shape) != groups:
         raise ValueError(f"a {kind} weight of {tuple(data.shape)} cannot have {in_features} columns")
     return in_pad
@@ -341,7 +341,7 @@ def quant_linear(
     out_features = data.shape[0]
     y = x.new_empty(x.shape[0], out_features)
     bf16 = int(x.dtype == torch.bfloat16)
-    fn = lib.quant_linear_int8 if kind == "int8" else lib.quant_linear_int4
+    fn = getattr(lib, f"quant_linear_{kind}")
     rc = fn(x.data_ptr(), bf16, x.shape[0], in_features, in_pad, data.data_ptr(),
             scale.data_ptr(), out_features, y.data_ptr(), bf16, torch.get_num_threads())
     if rc == 1:
@@ -391,7 +391,7 @@ def dequantize(
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"cannot dequantize to {dtype}")
     dst = torch.empty(data.shape[0], in_features, dtype=dtype)
-    fn = lib.dequant_int8 if kind == "int8" else lib.dequant_int4
+    fn = getattr(lib, f"dequant_{kind}")
     fn(data.data_ptr(), scale.data_ptr(), data.shape[0], in_features, in_pad, dst.data_ptr(),
        int(dtype == torch.bfloat16), torch.get_num_threads())
     return dst

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import cpu_kernels
-from kernels.quant_linear import KINDS, QuantizedWeight, padded
+from kernels.quant_linear import QuantizedWeight, padded
 
 MAX_ROWS = cpu_kernels.QUANT_MAX_ROWS
 
@@ -73,7 +73,9 @@ class StackLayer:
     qkv_bias: torch.Tensor | None = None
 
 
-PLAIN_BF16 = 2  # the C kinds: KINDS' indices, then this
+# The C kinds (csrc/kernels.h).
+C_KINDS = {"int8": 0, "int4": 1, "uint8": 3}
+PLAIN_BF16 = 2
 
 
 def dims(w: Weight) -> tuple[int, int]:
@@ -94,9 +96,9 @@ def _matmul(w: Weight, bias: torch.Tensor | None) -> _Matmul:
             raise ValueError("expected a contiguous bf16 CPU weight whose width is a multiple of 64")
         kind, data, scale, in_pad = PLAIN_BF16, w.data_ptr(), None, inp
     else:
-        if w.kind not in KINDS or not (w.data.is_cpu and w.data.is_contiguous()):
+        if w.kind not in C_KINDS or not (w.data.is_cpu and w.data.is_contiguous()):
             raise ValueError("expected a quantized CPU weight")
-        kind, data, scale, in_pad = KINDS.index(w.kind), w.data.data_ptr(), w.scale.data_ptr(), padded(inp)
+        kind, data, scale, in_pad = C_KINDS[w.kind], w.data.data_ptr(), w.scale.data_ptr(), padded(inp)
     if bias is not None and not _bf16_vector(bias, out):
         raise ValueError("expected a contiguous bf16 bias of the layer's outputs")
     return _Matmul(kind, data, scale, None if bias is None else bias.data_ptr(), inp, in_pad, out)

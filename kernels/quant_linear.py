@@ -1,24 +1,34 @@
-"""Weight-only quantized linear layers: llama.cpp's Q8_0 and Q4_1 layouts of bits.
+"""Weight-only quantized linear layers: llama.cpp's Q8_0 and Q4_1 layouts of bits,
+and an 8-bit grid with an offset.
 
 Decoding one sequence reads every weight once per token, so its speed is the
-memory bandwidth over the weights' size: int8 (8.5 bits a weight with its scales)
-halves bf16's bytes, int4 (5 bits) nearly quarters them.
+memory bandwidth over the weights' size: 8 bits (8.5 or 9 a weight with their
+scales) halve bf16's bytes, int4 (5 bits) nearly quarters them.
 
-Both work on groups of 32 columns of a row, with fp16 scales:
+All work on groups of 32 columns of a row, with fp16 scales:
 - int8: w = q * d, q = round(w / d) in [-127, 127], d = the group's largest
   magnitude / 127. (One scale per row saves half a bit but lets a row's largest
   weight set the step of all its others: it doubled SmolLM2's KL from bf16.)
 - int4: w = q * d + m, q in [0, 15], m = the group's minimum, d = its range / 15.
   An offset costs half a bit over a symmetric scale but puts all 16 levels
   inside the group's range.
+- uint8: w = (q - 8) * d / 16 + m, q in [0, 255], with int4's d and m: int4's grid
+  with each step cut in 16, its level k at q = 16 k + 8 (a margin of 8 levels below
+  the minimum, 7 above the maximum). Its step, range / 240, is at most 6 % coarser
+  than int8's (2 * largest magnitude / 254, for a group symmetric about 0) and finer
+  wherever a group is lopsided.
 
-These are the grids of GGUF's Q8_0 and Q4_1, and a GGUF weight read as floats
-has its group's extremes on levels 0/15 (±127 for Q8_0), so quantizing it again
-finds the same d, m and q: SmolLM2's shipped Q4_1 (and Q8_0 head) come back
-exactly, where bf16 rounds them.
+int8 and int4 are the grids of GGUF's Q8_0 and Q4_1, and a GGUF weight read as
+floats has its group's extremes on levels 0/15 (±127 for Q8_0), so quantizing it
+again finds the same d, m and q: SmolLM2's shipped Q4_1 (and Q8_0 head) come back
+exactly, where bf16 rounds them. uint8 finds the same d and m for a Q4_1 weight,
+and (q - 8) * d / 16 is exact in fp32, so the weight comes back bit for bit too
+(a step of range / 255, not a binary fraction of d, moved a fifth of SmolLM2's
+weights by a bf16 ulp), where Q8_0's grid, without an offset, moves it by up to
+half its step.
 
 Rows are stored padded with zeros to a multiple of 64 columns (the kernel's
-vector width); int4 packs two nibbles a byte, column j of each 64-column chunk in
+vector width); int8 and uint8 keep a byte a weight; int4 packs two nibbles a byte, column j of each 64-column chunk in
 the low nibble of its byte j and column 32 + j in the high one.
 
 A few rows (decode) run in C (kernels/csrc/quant_linear.c), which dequantizes each
@@ -38,7 +48,7 @@ import torch.nn.functional as F
 
 from kernels import cpu_kernels
 
-KINDS = ("int8", "int4")
+KINDS = ("int8", "int4", "uint8")
 GROUP = 32
 PAD = 64
 CHUNK_ROWS = 4096
@@ -53,7 +63,7 @@ class QuantizedWeight:
     """One linear layer's weight [out_features, in_features], quantized."""
 
     kind: str
-    data: torch.Tensor  # int8 [out, in_pad] or uint8 nibbles [out, in_pad / 2]
+    data: torch.Tensor  # int8 or uint8 [out, in_pad], or uint8 nibbles [out, in_pad / 2]
     scale: torch.Tensor  # fp16 d [out, in_pad / 32], or (d, m) [out, in_pad / 32, 2]
     in_features: int
 
@@ -79,8 +89,10 @@ def stored_layout(kind: str, out: int, in_features: int) -> dict[str, tuple[torc
     in_pad = padded(in_features)
     if kind == "int8":
         return {"data": (torch.int8, (out, in_pad)), "scale": (torch.float16, (out, in_pad // GROUP))}
-    return {"data": (torch.uint8, (out, in_pad // 2)),
-            "scale": (torch.float16, (out, in_pad // GROUP, 2))}
+    pairs = (torch.float16, (out, in_pad // GROUP, 2))
+    if kind == "uint8":
+        return {"data": (torch.uint8, (out, in_pad)), "scale": pairs}
+    return {"data": (torch.uint8, (out, in_pad // 2)), "scale": pairs}
 
 
 def _pad_columns(w: torch.Tensor) -> torch.Tensor:
@@ -110,11 +122,18 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
                                d.view(out, -1).contiguous(), weight.shape[1])
     m = groups.amin(dim=2, keepdim=True).half()
     d = ((groups.amax(dim=2, keepdim=True) - m.float()) / 15).half()
-    nibbles = ((groups - m.float()) * _inverse(d)).round_().clamp_(0, 15).to(torch.uint8)
-    chunks = nibbles.view(out, in_pad // PAD, 2, GROUP)
+    scale = torch.cat((d, m), dim=2).contiguous()
+    if kind == "uint8":
+        levels = ((groups - m.float()) * _inverse(d.float() / 16)).round_().add_(8)
+        levels = levels.clamp_(0, 255).to(torch.uint8)
+    else:
+        levels = ((groups - m.float()) * _inverse(d)).round_().clamp_(0, 15).to(torch.uint8)
+    if kind == "uint8":
+        return QuantizedWeight(kind, levels.view(out, in_pad).contiguous(), scale, weight.shape[1])
+    chunks = levels.view(out, in_pad // PAD, 2, GROUP)
     packed = chunks[:, :, 0] | (chunks[:, :, 1] << 4)
-    return QuantizedWeight(kind, packed.reshape(out, in_pad // 2).contiguous(),
-                           torch.cat((d, m), dim=2).contiguous(), weight.shape[1])
+    return QuantizedWeight(kind, packed.reshape(out, in_pad // 2).contiguous(), scale,
+                           weight.shape[1])
 
 
 def _inverse(d: torch.Tensor) -> torch.Tensor:
@@ -130,10 +149,14 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch
     if qw.kind == "int8":
         w = qw.data.view(out, -1, GROUP).float() * scale[:, :, None]
     else:
-        low, high = qw.data & 0x0F, qw.data >> 4
-        chunks = torch.stack((low.view(out, -1, GROUP), high.view(out, -1, GROUP)), dim=2)
-        q = chunks.view(out, -1, GROUP).float()
-        w = q * scale[:, :, :1] + scale[:, :, 1:]
+        step = scale[:, :, :1]
+        if qw.kind == "uint8":  # the products are exact: one rounding, as the C FMA
+            q, step = qw.data.view(out, -1, GROUP).float() - 8, step / 16
+        else:
+            low, high = qw.data & 0x0F, qw.data >> 4
+            chunks = torch.stack((low.view(out, -1, GROUP), high.view(out, -1, GROUP)), dim=2)
+            q = chunks.view(out, -1, GROUP).float()
+        w = q * step + scale[:, :, 1:]
     w = w.view(out, -1)
     return w[:, : qw.in_features].to(dtype)
 

@@ -19,7 +19,7 @@
 #include "vec.h"
 
 typedef struct {
-    int64_t kind; /* QUANT_INT8 or QUANT_INT4 */
+    int64_t kind; /* QUANT_INT8, QUANT_INT4, QUANT_UINT8 or PLAIN_BF16 */
     const void *data;
     const uint16_t *scale;
     const uint16_t *bias; /* bf16 [out], or NULL */

@@ -7,8 +7,9 @@
 
 #include <stdint.h>
 
-/* Weight kinds: int8 and int4 as quant_linear.c stores them; bf16 plain [out, in_pad]. */
-enum { QUANT_INT8 = 0, QUANT_INT4 = 1, PLAIN_BF16 = 2 };
+/* Weight kinds: int8, int4 and uint8 as quant_linear.c stores them; bf16 plain
+   [out, in_pad]. */
+enum { QUANT_INT8 = 0, QUANT_INT4 = 1, PLAIN_BF16 = 2, QUANT_UINT8 = 3 };
 #define QUANT_MAX_ROWS 8
 
 /* Bytes of the activations buffer that quant_widen fills for rows of in_pad. */

@@ -10,6 +10,11 @@
      holds column j in its low nibble and column 32 + j in its high one, so one load
      and a shift give the chunk's 64 columns in order. fp16 (d, m) pairs
      [out, in_pad / 32, 2].
+   - uint8: per group of 32 along a row, w = (q - 8) * d / 16 + m with q in [0, 255]:
+     int4's grid with each step cut in 16, so a Q4_1 group's level k is its level
+     16 k + 8. uint8 [out, in_pad], fp16 (d, m) pairs [out, in_pad / 32, 2] (9 bits a
+     weight). (q - 8) * d / 16 is exact in fp32, so a weight takes one rounding, the
+     one a Q4_1 weight read as fp32 took.
 
    A few rows of x [rows, in] (bf16 or fp32) multiply W with each weight dequantized
    in registers (q * s in fp32, as dequant_* writes it) and fp32 sums; each output is
@@ -47,7 +52,9 @@ static inline float *act_sums(const float *act, int64_t rows, int64_t in_pad) {
 
 /* Whether kind's kernel reads bf16 rows (and, for int4, their group sums) rather
    than fp32 ones: bf16 weights always take bf16 x; int4 takes it where x is bf16. */
-static inline int reads_bf16(int kind, int x_bf16) { return x_bf16 && kind != QUANT_INT8; }
+static inline int reads_bf16(int kind, int x_bf16) {
+    return x_bf16 && (kind == QUANT_INT4 || kind == PLAIN_BF16);
+}
 
 /* x rows as kind's kernel reads them, each padded with zeros to in_pad so the padded
    weights add nothing: fp32 rows, or bf16 rows and, for int4, each group's sum at the
@@ -146,6 +153,38 @@ static inline __attribute__((always_inline)) void dot_int8(
                 _mm512_cvtepi32_ps(
                     _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + k + 16 * j)))),
                 s[j / 2]);
+        fma_rows(acc, w4, xf, in_pad, k, R);
+    }
+    sum_rows(acc, R, res);
+}
+
+/* uint8's step and offset of a group, as fp32 vectors. */
+static inline void uint8_scale(const uint16_t *g, __m512 *step, __m512 *m) {
+    *step = _mm512_mul_ps(half_scale(g[0]), _mm512_set1_ps(1.0f / 16.0f));
+    *m = half_scale(g[1]);
+}
+
+/* 16 uint8 weights (masked) as fp32. */
+static inline __m512 uint8_weights(const uint8_t *w, __mmask16 mask, __m512 step, __m512 m) {
+    __m512i q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, w)),
+                                 _mm512_set1_epi32(8));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), step, m);
+}
+
+/* The same with one uint8 weight row. */
+static inline __attribute__((always_inline)) void dot_uint8(
+    const uint8_t *w, const uint16_t *ws, const float *xf, int64_t in_pad, const int R,
+    float *res) {
+    __m512 acc[MAX_ROWS][4];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < in_pad; k += 64) {
+        __m512 step[2], m[2];
+        uint8_scale(ws + k / 16, &step[0], &m[0]); /* this chunk's two groups */
+        uint8_scale(ws + k / 16 + 2, &step[1], &m[1]);
+        __m512 w4[4];
+        for (int j = 0; j < 4; j++)
+            w4[j] = uint8_weights(w + k + 16 * j, 0xFFFF, step[j / 2], m[j / 2]);
         fma_rows(acc, w4, xf, in_pad, k, R);
     }
     sum_rows(acc, R, res);
@@ -283,6 +322,7 @@ void quant_matmul_tiles(int kind, const float *xf, int x_bf16, int64_t rows, int
     const uint8_t *w4 = w;
     const uint16_t *wb = w;
 #define DOT8(R) dot_int8(w8 + o * in_pad, w_scale + o * in_pad / 32, xf, in_pad, R, res)
+#define DOTU8(R) dot_uint8(w4 + o * in_pad, w_scale + o * in_pad / 16, xf, in_pad, R, res)
 #define DOTB(R) dot_bf16(wb + o * in_pad, xb, in_pad, R, res)
 #define DOT4B(R)                                                                          \
     dot_int4_bf16(w4 + o * in_pad / 2, w_scale + o * in_pad / 16, xb,                     \
@@ -290,6 +330,8 @@ void quant_matmul_tiles(int kind, const float *xf, int x_bf16, int64_t rows, int
 #define DOT4(R) dot_int4(w4 + o * in_pad / 2, w_scale + o * in_pad / 16, xf, in_pad, R, res)
     if (kind == QUANT_INT8)
         TILE_LOOP(DOT8)
+    else if (kind == QUANT_UINT8)
+        TILE_LOOP(DOTU8)
     else if (kind == PLAIN_BF16)
         TILE_LOOP(DOTB)
     else if (reads_bf16(kind, x_bf16))
@@ -297,6 +339,7 @@ void quant_matmul_tiles(int kind, const float *xf, int x_bf16, int64_t rows, int
     else
         TILE_LOOP(DOT4)
 #undef DOT8
+#undef DOTU8
 #undef DOTB
 #undef DOT4B
 #undef DOT4
@@ -328,6 +371,14 @@ int quant_linear_int8(const void *x, int x_bf16, int64_t rows, int64_t in, int64
 int matmul_bf16(const uint16_t *x, int64_t rows, int64_t in, int64_t in_pad, const uint16_t *w,
                 int64_t out, uint16_t *y, int threads) {
     return quant_linear(PLAIN_BF16, x, 1, rows, in, in_pad, w, NULL, out, y, 1, threads);
+}
+
+/* The same for uint8 W. */
+int quant_linear_uint8(const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad,
+                       const uint8_t *w, const uint16_t *w_scale, int64_t out, void *y,
+                       int y_bf16, int threads) {
+    return quant_linear(QUANT_UINT8, x, x_bf16, rows, in, in_pad, w, w_scale, out, y, y_bf16,
+                        threads);
 }
 
 /* The same for int4 W (packed nibbles). */
@@ -379,6 +430,21 @@ void dequant_int4(const uint8_t *w, const uint16_t *w_scale, int64_t out, int64_
             const uint16_t *g = sc + c / 32 * 2;
             __m512 v = _mm512_fmadd_ps(q, half_scale(g[0]), half_scale(g[1]));
             store_row(dst, bf16, o * in + c, v, m);
+        }
+    }
+}
+
+void dequant_uint8(const uint8_t *w, const uint16_t *w_scale, int64_t out, int64_t in,
+                   int64_t in_pad, void *dst, int bf16, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (out * in >= 65536)
+    for (int64_t o = 0; o < out; o++) {
+        const uint16_t *sc = w_scale + o * in_pad / 16;
+        for (int64_t c = 0; c < in; c += 16) {
+            __mmask16 mask = tail_mask(in - c);
+            __m512 step, m;
+            uint8_scale(sc + c / 32 * 2, &step, &m);
+            store_row(dst, bf16, o * in + c, uint8_weights(w + o * in_pad + c, mask, step, m),
+                      mask);
         }
     }
 }

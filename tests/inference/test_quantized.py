@@ -57,8 +57,9 @@ def test_every_linear_layer_is_quantized_and_the_embedding_kept_exact(
     # 2 layers x (qkv, o, gate_up, down) + the head
     assert len(layers) == 9 and "lm_head" in layers
     for name, layer in layers.items():
-        # the head stays int8 under int4 (inference.quantize.layer_kind)
-        kind = "int8" if name == "lm_head" else weight_dtype
+        # the head is Q8_0's grid under both, the other layers uint8 under int8
+        # (inference.quantize.layer_kind)
+        kind = "int8" if name == "lm_head" else {"int8": "uint8"}.get(weight_dtype, weight_dtype)
         assert layer.quantized is not None and layer.quantized.kind == kind
         assert layer.weight.numel() == 0 and layer.packed is None
     # The tied embedding keeps its exact table; the head reads its own quantized copy.

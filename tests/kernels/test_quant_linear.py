@@ -108,22 +108,25 @@ def test_round_trip_error_bounds(kind):
         assert qw.data.dtype == torch.int8 and qw.data.shape == (96, 256)
         assert qw.scale.shape == (96, 8)
     else:
-        # half a step of the group's range over 15 levels, plus the fp16 roundings of
-        # the minimum and the step
+        # half a step of the group's range over its 15 or 255 steps, plus the fp16
+        # roundings of the minimum and the step
+        steps = 240 if kind == "uint8" else 15
         lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
         slack = (lo.abs() + hi.abs()) * 2**-10 + 1e-12
-        assert (gerr <= (hi - lo) / 30 + slack).all()
-        assert qw.data.dtype == torch.uint8 and qw.data.shape == (96, 128)
+        assert (gerr <= (hi - lo) / (2 * steps) + slack).all()
+        assert qw.data.dtype == torch.uint8 and qw.data.shape == (96, 256 if kind == "uint8" else 128)
         assert qw.scale.shape == (96, 8, 2)
+    if kind == "uint8":  # coarser than int8's grid only where a group is symmetric
+        sym = (ql.dequantize(ql.quantize(w, "int8")) - w).abs()
+        assert err.mean() < sym.mean()
 
 
-@pytest.mark.parametrize("kind", ql.KINDS)
-def test_a_gguf_weight_comes_back_exactly(kind):
-    """A weight on GGUF's Q8_0 or Q4_1 grid (fp16 steps and minimums, every group
-    reaching its extreme levels, as llama.cpp's quantizer leaves it) quantizes to the
-    same grid: the shipped SmolLM2 loses nothing more."""
+def gguf_weight(kind: str) -> tuple[torch.Tensor, ...]:
+    """A weight [40, 576] on GGUF's Q8_0 or Q4_1 grid (fp16 steps and minimums, every
+    group reaching its extreme levels, as llama.cpp's quantizer leaves it); its levels
+    and steps too."""
     g = torch.Generator().manual_seed(11)
-    out, groups = 40, 18  # 576 columns
+    out, groups = 40, 18
     d = (torch.rand(out, groups, 1, generator=g) * 0.01 + 1e-4).half().float()
     if kind == "int8":
         q = torch.randint(-127, 128, (out, groups, 32), generator=g).float()
@@ -134,8 +137,27 @@ def test_a_gguf_weight_comes_back_exactly(kind):
         q[:, :, 0], q[:, :, 1] = 0, 15
         m = (-torch.rand(out, groups, 1, generator=g) * 0.1).half().float()
         w = q * d + m
-    w = w.view(out, -1)
+    return w.view(out, -1), q.view(out, -1), d
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_gguf_weight_comes_back_exactly(kind):
+    """A Q8_0 or Q4_1 weight quantizes to the same grid: the shipped SmolLM2 loses
+    nothing more."""
+    w, _, _ = gguf_weight(kind)
     assert torch.equal(ql.dequantize(ql.quantize(w, kind)), w)
+
+
+def test_uint8_holds_a_q4_1_weight_on_its_levels():
+    """uint8 finds a Q4_1 group's own d and m and puts its level k on level 16 k + 8: the
+    weight comes back bit for bit, where int8's grid moves it by up to half a step of
+    its own."""
+    w, q4, _ = gguf_weight("int4")
+    qw = ql.quantize(w, "uint8")
+    assert torch.equal(qw.data.float(), 16 * q4 + 8)
+    assert torch.equal(qw.scale, ql.quantize(w, "int4").scale)
+    assert torch.equal(ql.dequantize(qw), w)
+    assert not torch.equal(ql.dequantize(ql.quantize(w, "int8")), w)
 
 
 @needs_kernel
