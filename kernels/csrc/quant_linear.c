@@ -137,27 +137,6 @@ static inline __m512 half_scale(uint16_t s) {
     return _mm512_cvtph_ps(_mm256_set1_epi16((short)s));
 }
 
-/* The R rows' dot products with one int8 weight row: each weight dequantized as
-   q * s of its group of 32. */
-static inline __attribute__((always_inline)) void dot_int8(
-    const int8_t *w, const uint16_t *ws, const float *xf, int64_t in_pad, const int R,
-    float *res) {
-    __m512 acc[MAX_ROWS][4];
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < in_pad; k += 64) {
-        const __m512 s[2] = {half_scale(ws[k / 32]), half_scale(ws[k / 32 + 1])};
-        __m512 w4[4];
-        for (int j = 0; j < 4; j++)
-            w4[j] = _mm512_mul_ps(
-                _mm512_cvtepi32_ps(
-                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + k + 16 * j)))),
-                s[j / 2]);
-        fma_rows(acc, w4, xf, in_pad, k, R);
-    }
-    sum_rows(acc, R, res);
-}
-
 /* uint8's step and offset of a group, as fp32 vectors. */
 static inline void uint8_scale(const uint16_t *g, __m512 *step, __m512 *m) {
     *step = _mm512_mul_ps(half_scale(g[0]), _mm512_set1_ps(1.0f / 16.0f));
@@ -171,20 +150,30 @@ static inline __m512 uint8_weights(const uint8_t *w, __mmask16 mask, __m512 step
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), step, m);
 }
 
-/* The same with one uint8 weight row. */
-static inline __attribute__((always_inline)) void dot_uint8(
-    const uint8_t *w, const uint16_t *ws, const float *xf, int64_t in_pad, const int R,
-    float *res) {
+/* The R rows' dot products with one weight row of a byte a weight: int8, each weight
+   q * s of its group of 32, or uint8 (offset: a constant 1 in the inlined callers). */
+static inline __attribute__((always_inline)) void dot_bytes(
+    const void *w, const uint16_t *ws, const float *xf, int64_t in_pad, const int R,
+    const int offset, float *res) {
     __m512 acc[MAX_ROWS][4];
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < in_pad; k += 64) {
-        __m512 step[2], m[2];
-        uint8_scale(ws + k / 16, &step[0], &m[0]); /* this chunk's two groups */
-        uint8_scale(ws + k / 16 + 2, &step[1], &m[1]);
         __m512 w4[4];
-        for (int j = 0; j < 4; j++)
-            w4[j] = uint8_weights(w + k + 16 * j, 0xFFFF, step[j / 2], m[j / 2]);
+        if (offset) {
+            __m512 step[2], m[2];
+            uint8_scale(ws + k / 16, &step[0], &m[0]); /* this chunk's two groups */
+            uint8_scale(ws + k / 16 + 2, &step[1], &m[1]);
+            for (int j = 0; j < 4; j++)
+                w4[j] = uint8_weights((const uint8_t *)w + k + 16 * j, 0xFFFF, step[j / 2],
+                                      m[j / 2]);
+        } else {
+            const __m512 s[2] = {half_scale(ws[k / 32]), half_scale(ws[k / 32 + 1])};
+            for (int j = 0; j < 4; j++)
+                w4[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                          (const __m128i *)((const int8_t *)w + k + 16 * j)))),
+                                      s[j / 2]);
+        }
         fma_rows(acc, w4, xf, in_pad, k, R);
     }
     sum_rows(acc, R, res);
@@ -321,8 +310,8 @@ void quant_matmul_tiles(int kind, const float *xf, int x_bf16, int64_t rows, int
     const int8_t *w8 = w;
     const uint8_t *w4 = w;
     const uint16_t *wb = w;
-#define DOT8(R) dot_int8(w8 + o * in_pad, w_scale + o * in_pad / 32, xf, in_pad, R, res)
-#define DOTU8(R) dot_uint8(w4 + o * in_pad, w_scale + o * in_pad / 16, xf, in_pad, R, res)
+#define DOT8(R) dot_bytes(w8 + o * in_pad, w_scale + o * in_pad / 32, xf, in_pad, R, 0, res)
+#define DOTU8(R) dot_bytes(w4 + o * in_pad, w_scale + o * in_pad / 16, xf, in_pad, R, 1, res)
 #define DOTB(R) dot_bf16(wb + o * in_pad, xb, in_pad, R, res)
 #define DOT4B(R)                                                                          \
     dot_int4_bf16(w4 + o * in_pad / 2, w_scale + o * in_pad / 16, xb,                     \
