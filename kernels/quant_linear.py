@@ -22,14 +22,15 @@ int8 and int4 are the grids of GGUF's Q8_0 and Q4_1, and a GGUF weight read as
 floats has its group's extremes on levels 0/15 (±127 for Q8_0), so quantizing it
 again finds the same d, m and q: SmolLM2's shipped Q4_1 (and Q8_0 head) come back
 exactly, where bf16 rounds them. uint8 finds the same d and m for a Q4_1 weight,
-and (q - 8) * d / 16 is exact in fp32, so the weight comes back bit for bit too
-(a step of range / 255, not a binary fraction of d, moved a fifth of SmolLM2's
-weights by a bf16 ulp), where Q8_0's grid, without an offset, moves it by up to
-half its step.
+and q * d / 16 is exact in fp32 (as is m - d / 2 where m and d are within 2^13 of
+each other, in every group of SmolLM2), so the weight comes back bit for bit too (a
+step of range / 255, not a binary fraction of d, moved a fifth of SmolLM2's weights
+by a bf16 ulp), where Q8_0's grid, without an offset, moves it by up to half its step.
 
-Rows are stored padded with zeros to a multiple of 64 columns (the kernel's
-vector width); int8 and uint8 keep a byte a weight; int4 packs two nibbles a byte, column j of each 64-column chunk in
-the low nibble of its byte j and column 32 + j in the high one.
+Rows are stored padded with zeros to a multiple of 64 columns (the kernel's vector
+width); int8 and uint8 keep a byte a weight; int4 packs two nibbles a byte, column j
+of each 64-column chunk in the low nibble of its byte j and column 32 + j in the
+high one.
 
 A few rows (decode) run in C (kernels/csrc/quant_linear.c), which dequantizes each
 weight in registers and keeps the activations exact; more rows dequantize the
@@ -149,14 +150,18 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch
     if qw.kind == "int8":
         w = qw.data.view(out, -1, GROUP).float() * scale[:, :, None]
     else:
-        step = scale[:, :, :1]
-        if qw.kind == "uint8":  # the products are exact: one rounding, as the C FMA
-            q, step = qw.data.view(out, -1, GROUP).float() - 8, step / 16
+        step, offset = scale[:, :, :1], scale[:, :, 1:]
+        if qw.kind == "uint8":
+            # (q - 8) * step + m as q * step + (m - 8 * step): the product is exact, so
+            # this is one rounding, as the C kernels' FMA, and where m - 8 * step is
+            # exact (m and d within 2^13 of each other), the same one as the former.
+            step = step / 16
+            q, offset = qw.data.view(out, -1, GROUP).float(), offset - 8 * step
         else:
             low, high = qw.data & 0x0F, qw.data >> 4
             chunks = torch.stack((low.view(out, -1, GROUP), high.view(out, -1, GROUP)), dim=2)
             q = chunks.view(out, -1, GROUP).float()
-        w = q * step + scale[:, :, 1:]
+        w = q * step + offset
     w = w.view(out, -1)
     return w[:, : qw.in_features].to(dtype)
 

@@ -13,8 +13,9 @@
    - uint8: per group of 32 along a row, w = (q - 8) * d / 16 + m with q in [0, 255]:
      int4's grid with each step cut in 16, so a Q4_1 group's level k is its level
      16 k + 8. uint8 [out, in_pad], fp16 (d, m) pairs [out, in_pad / 32, 2] (9 bits a
-     weight). (q - 8) * d / 16 is exact in fp32, so a weight takes one rounding, the
-     one a Q4_1 weight read as fp32 took.
+     weight). q * d / 16 is exact in fp32 and so, where m and d are not far apart in
+     scale, is m - d / 2, so a weight takes one rounding, the one a Q4_1 weight read as
+     fp32 took (see uint8_scale).
 
    A few rows of x [rows, in] (bf16 or fp32) multiply W with each weight dequantized
    in registers (q * s in fp32, as dequant_* writes it) and fp32 sums; each output is
@@ -137,44 +138,69 @@ static inline __m512 half_scale(uint16_t s) {
     return _mm512_cvtph_ps(_mm256_set1_epi16((short)s));
 }
 
-/* uint8's step and offset of a group, as fp32 vectors. */
-static inline void uint8_scale(const uint16_t *g, __m512 *step, __m512 *m) {
+/* uint8's step d / 16 and offset m - 8 * step of a group, as fp32 vectors: then
+   q * step + offset is (q - 8) * step + m, the product exact and one rounding in all,
+   wherever the offset is exact in fp32 (m and d / 2 within 2^13 of each other: every
+   group of SmolLM2). */
+static inline void uint8_scale(const uint16_t *g, __m512 *step, __m512 *offset) {
     *step = _mm512_mul_ps(half_scale(g[0]), _mm512_set1_ps(1.0f / 16.0f));
-    *m = half_scale(g[1]);
+    *offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *step, half_scale(g[1]));
 }
 
 /* 16 uint8 weights (masked) as fp32. */
-static inline __m512 uint8_weights(const uint8_t *w, __mmask16 mask, __m512 step, __m512 m) {
-    __m512i q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, w)),
-                                 _mm512_set1_epi32(8));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), step, m);
+static inline __m512 uint8_weights(const uint8_t *w, __mmask16 mask, __m512 step,
+                                   __m512 offset) {
+    __m512i q = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, w));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), step, offset);
 }
 
 /* The R rows' dot products with one weight row of a byte a weight: int8, each weight
-   q * s of its group of 32, or uint8 (offset: a constant 1 in the inlined callers). */
+   q * s of its group of 32, or uint8 (offset: a constant 1 in the inlined callers).
+   Columns go in blocks of 512, whose 16 groups' scales are converted to fp32 together
+   and read back by broadcasts from memory: converting each group's scales on its own
+   (a broadcast and a vcvtph2ps each, on the shuffle port with the byte widening) bound
+   the loop, uint8's four per chunk most. */
 static inline __attribute__((always_inline)) void dot_bytes(
     const void *w, const uint16_t *ws, const float *xf, int64_t in_pad, const int R,
     const int offset, float *res) {
     __m512 acc[MAX_ROWS][4];
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < in_pad; k += 64) {
-        __m512 w4[4];
+    for (int64_t k0 = 0; k0 < in_pad; k0 += 512) {
+        const int groups = (int)((in_pad - k0 < 512 ? in_pad - k0 : 512) / 32);
+        /* int8: scale of group g at sc[g]; uint8: step at sc[2 g], offset at off[2 g]
+           (as uint8_scale computes them, 8 groups at a time) */
+        float sc[32], off[32];
         if (offset) {
-            __m512 step[2], m[2];
-            uint8_scale(ws + k / 16, &step[0], &m[0]); /* this chunk's two groups */
-            uint8_scale(ws + k / 16 + 2, &step[1], &m[1]);
-            for (int j = 0; j < 4; j++)
-                w4[j] = uint8_weights((const uint8_t *)w + k + 16 * j, 0xFFFF, step[j / 2],
-                                      m[j / 2]);
+            for (int i = 0; i < groups; i += 8) {
+                __m512 v = _mm512_cvtph_ps(
+                    _mm256_maskz_loadu_epi16(tail_mask(2 * (groups - i)), ws + (k0 / 32 + i) * 2));
+                __m512 step = _mm512_mul_ps(_mm512_moveldup_ps(v), _mm512_set1_ps(1.0f / 16.0f));
+                _mm512_storeu_ps(sc + 2 * i, step);
+                _mm512_storeu_ps(off + 2 * i, _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), step,
+                                                               _mm512_movehdup_ps(v)));
+            }
         } else {
-            const __m512 s[2] = {half_scale(ws[k / 32]), half_scale(ws[k / 32 + 1])};
-            for (int j = 0; j < 4; j++)
-                w4[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                                          (const __m128i *)((const int8_t *)w + k + 16 * j)))),
-                                      s[j / 2]);
+            _mm512_storeu_ps(sc, _mm512_cvtph_ps(
+                                     _mm256_maskz_loadu_epi16(tail_mask(groups), ws + k0 / 32)));
         }
-        fma_rows(acc, w4, xf, in_pad, k, R);
+        for (int64_t k = 0; k < groups * 32; k += 64) {
+            const int64_t g = k / 32;
+            __m512 w4[4];
+            for (int j = 0; j < 4; j++) {
+                const int64_t at = k0 + k + 16 * j;
+                if (offset) {
+                    const int64_t i = 2 * (g + j / 2);
+                    w4[j] = uint8_weights((const uint8_t *)w + at, 0xFFFF,
+                                          _mm512_set1_ps(sc[i]), _mm512_set1_ps(off[i]));
+                } else {
+                    w4[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                              _mm_loadu_si128((const __m128i *)((const int8_t *)w + at)))),
+                                          _mm512_set1_ps(sc[g + j / 2]));
+                }
+            }
+            fma_rows(acc, w4, xf, in_pad, k0 + k, R);
+        }
     }
     sum_rows(acc, R, res);
 }
