@@ -306,13 +306,19 @@ async def phase(
         )
     finally:  # inside this loop: closed later, its connections would outlive the loop
         await client.api.close()
+    return phase_result(workload, concurrency, ignore_eos, records, seconds, warmup=warm)
+
+
+def phase_result(workload: wl.Workload, concurrency: int, ignore_eos: bool, records: list,
+                 seconds: float, **extra) -> dict:
+    """A phase's JSON: what ran, the host's load, and the figures of its records."""
     return {
         "workload": workload.describe(),
         "concurrency": concurrency,
         "ignore_eos": ignore_eos,
         # The host's load moves every figure: kept beside each phase to read them by.
         "load_average": os.getloadavg(),
-        "warmup": warm,
+        **extra,
         "summary": summarize(records, seconds),
         "by_turn": by_turn(records),
     }
@@ -369,16 +375,10 @@ def alternating_decode(
             for client in clients.values():
                 await client.api.close()
         return {
-            label: {
-                "workload": work.describe(),
-                "rounds": sizes.decode_rounds,
-                "concurrency": 1,
-                "ignore_eos": True,
-                "load_average": os.getloadavg(),
-                "summary": summarize(records[label], seconds[label]),
-                "by_turn": by_turn(records[label]),
-                "tpot_s_by_round": [rec.tpot for rec in records[label]],
-            }
+            label: phase_result(
+                work, 1, True, records[label], seconds[label], rounds=sizes.decode_rounds,
+                tpot_s_by_round=[rec.tpot for rec in records[label]],
+            )  # fmt: skip
             for label in servers
         }
 

@@ -127,10 +127,8 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
     if kind == "uint8":
         levels = ((groups - m.float()) * _inverse(d.float() / 16)).round_().add_(8)
         levels = levels.clamp_(0, 255).to(torch.uint8)
-    else:
-        levels = ((groups - m.float()) * _inverse(d)).round_().clamp_(0, 15).to(torch.uint8)
-    if kind == "uint8":
         return QuantizedWeight(kind, levels.view(out, in_pad).contiguous(), scale, weight.shape[1])
+    levels = ((groups - m.float()) * _inverse(d)).round_().clamp_(0, 15).to(torch.uint8)
     chunks = levels.view(out, in_pad // PAD, 2, GROUP)
     packed = chunks[:, :, 0] | (chunks[:, :, 1] << 4)
     return QuantizedWeight(kind, packed.reshape(out, in_pad // 2).contiguous(), scale,

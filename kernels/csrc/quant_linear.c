@@ -15,7 +15,7 @@
      16 k + 8. uint8 [out, in_pad], fp16 (d, m) pairs [out, in_pad / 32, 2] (9 bits a
      weight). q * d / 16 is exact in fp32 and so, where m and d are not far apart in
      scale, is m - d / 2, so a weight takes one rounding, the one a Q4_1 weight read as
-     fp32 took (see uint8_scale).
+     fp32 took (see uint8_step_offset).
 
    A few rows of x [rows, in] (bf16 or fp32) multiply W with each weight dequantized
    in registers (q * s in fp32, as dequant_* writes it) and fp32 sums; each output is
@@ -138,20 +138,22 @@ static inline __m512 half_scale(uint16_t s) {
     return _mm512_cvtph_ps(_mm256_set1_epi16((short)s));
 }
 
-/* uint8's step d / 16 and offset m - 8 * step of a group, as fp32 vectors: then
+/* uint8's step d / 16 and offset m - 8 * step from its (d, m) as fp32 vectors: then
    q * step + offset is (q - 8) * step + m, the product exact and one rounding in all,
    wherever the offset is exact in fp32 (m and d / 2 within 2^13 of each other: every
    group of SmolLM2). */
-static inline void uint8_scale(const uint16_t *g, __m512 *step, __m512 *offset) {
-    *step = _mm512_mul_ps(half_scale(g[0]), _mm512_set1_ps(1.0f / 16.0f));
-    *offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *step, half_scale(g[1]));
+static inline void uint8_step_offset(__m512 d, __m512 m, __m512 *step, __m512 *offset) {
+    *step = _mm512_mul_ps(d, _mm512_set1_ps(1.0f / 16.0f));
+    *offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *step, m);
 }
 
-/* 16 uint8 weights (masked) as fp32. */
-static inline __m512 uint8_weights(const uint8_t *w, __mmask16 mask, __m512 step,
-                                   __m512 offset) {
-    __m512i q = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, w));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), step, offset);
+/* 16 weights of a byte each (masked) as fp32: int8's q * scale, or with_offset,
+   uint8's q * step + offset (step passed as scale). */
+static inline __attribute__((always_inline)) __m512 byte_weights(
+    const void *w, __mmask16 mask, __m512 scale, __m512 offset, const int with_offset) {
+    __m128i q = _mm_maskz_loadu_epi8(mask, w);
+    if (with_offset) return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), scale, offset);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale);
 }
 
 /* The R rows' dot products with one weight row of a byte a weight: int8, each weight
@@ -169,16 +171,16 @@ static inline __attribute__((always_inline)) void dot_bytes(
     for (int64_t k0 = 0; k0 < in_pad; k0 += 512) {
         const int groups = (int)((in_pad - k0 < 512 ? in_pad - k0 : 512) / 32);
         /* int8: scale of group g at sc[g]; uint8: step at sc[2 g], offset at off[2 g]
-           (as uint8_scale computes them, 8 groups at a time) */
+           (8 groups at a time) */
         float sc[32], off[32];
         if (offset) {
             for (int i = 0; i < groups; i += 8) {
                 __m512 v = _mm512_cvtph_ps(
                     _mm256_maskz_loadu_epi16(tail_mask(2 * (groups - i)), ws + (k0 / 32 + i) * 2));
-                __m512 step = _mm512_mul_ps(_mm512_moveldup_ps(v), _mm512_set1_ps(1.0f / 16.0f));
+                __m512 step, o;
+                uint8_step_offset(_mm512_moveldup_ps(v), _mm512_movehdup_ps(v), &step, &o);
                 _mm512_storeu_ps(sc + 2 * i, step);
-                _mm512_storeu_ps(off + 2 * i, _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), step,
-                                                               _mm512_movehdup_ps(v)));
+                _mm512_storeu_ps(off + 2 * i, o);
             }
         } else {
             _mm512_storeu_ps(sc, _mm512_cvtph_ps(
@@ -188,16 +190,11 @@ static inline __attribute__((always_inline)) void dot_bytes(
             const int64_t g = k / 32;
             __m512 w4[4];
             for (int j = 0; j < 4; j++) {
-                const int64_t at = k0 + k + 16 * j;
-                if (offset) {
-                    const int64_t i = 2 * (g + j / 2);
-                    w4[j] = uint8_weights((const uint8_t *)w + at, 0xFFFF,
-                                          _mm512_set1_ps(sc[i]), _mm512_set1_ps(off[i]));
-                } else {
-                    w4[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                              _mm_loadu_si128((const __m128i *)((const int8_t *)w + at)))),
-                                          _mm512_set1_ps(sc[g + j / 2]));
-                }
+                const int64_t i = offset ? 2 * (g + j / 2) : g + j / 2;
+                w4[j] = byte_weights((const int8_t *)w + k0 + k + 16 * j, 0xFFFF,
+                                     _mm512_set1_ps(sc[i]),
+                                     offset ? _mm512_set1_ps(off[i]) : _mm512_setzero_ps(),
+                                     offset);
             }
             fma_rows(acc, w4, xf, in_pad, k0 + k, R);
         }
@@ -414,19 +411,37 @@ static inline void store_row(void *dst, int bf16, int64_t i, __m512 v, __mmask16
 }
 
 /* W as bf16 or fp32 [out, in] (the padding dropped), for many-row matmuls. */
-void dequant_int8(const int8_t *w, const uint16_t *w_scale, int64_t out, int64_t in,
-                       int64_t in_pad, void *dst, int bf16, int threads) {
+/* W of a byte a weight as bf16 or fp32 [out, in]: int8, or uint8 (with_offset). */
+static inline __attribute__((always_inline)) void dequant_bytes(
+    const void *w, const uint16_t *w_scale, int64_t out, int64_t in, int64_t in_pad, void *dst,
+    int bf16, int threads, const int with_offset) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (out * in >= 65536)
     for (int64_t o = 0; o < out; o++) {
-        const uint16_t *sc = w_scale + o * in_pad / 32;
+        const uint16_t *sc = w_scale + o * in_pad / (with_offset ? 16 : 32);
         for (int64_t c = 0; c < in; c += 16) {
-            __mmask16 m = tail_mask(in - c);
-            __m128i q = _mm_maskz_loadu_epi8(m, w + o * in_pad + c);
-            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
-                                     half_scale(sc[c / 32]));
-            store_row(dst, bf16, o * in + c, v, m);
+            __mmask16 mask = tail_mask(in - c);
+            __m512 scale, offset = _mm512_setzero_ps();
+            if (with_offset)
+                uint8_step_offset(half_scale(sc[c / 32 * 2]), half_scale(sc[c / 32 * 2 + 1]), &scale,
+                                  &offset);
+            else
+                scale = half_scale(sc[c / 32]);
+            store_row(dst, bf16, o * in + c,
+                      byte_weights((const int8_t *)w + o * in_pad + c, mask, scale, offset,
+                                   with_offset),
+                      mask);
         }
     }
+}
+
+void dequant_int8(const int8_t *w, const uint16_t *w_scale, int64_t out, int64_t in,
+                  int64_t in_pad, void *dst, int bf16, int threads) {
+    dequant_bytes(w, w_scale, out, in, in_pad, dst, bf16, threads, 0);
+}
+
+void dequant_uint8(const uint8_t *w, const uint16_t *w_scale, int64_t out, int64_t in,
+                   int64_t in_pad, void *dst, int bf16, int threads) {
+    dequant_bytes(w, w_scale, out, in, in_pad, dst, bf16, threads, 1);
 }
 
 void dequant_int4(const uint8_t *w, const uint16_t *w_scale, int64_t out, int64_t in,
@@ -445,21 +460,6 @@ void dequant_int4(const uint8_t *w, const uint16_t *w_scale, int64_t out, int64_
             const uint16_t *g = sc + c / 32 * 2;
             __m512 v = _mm512_fmadd_ps(q, half_scale(g[0]), half_scale(g[1]));
             store_row(dst, bf16, o * in + c, v, m);
-        }
-    }
-}
-
-void dequant_uint8(const uint8_t *w, const uint16_t *w_scale, int64_t out, int64_t in,
-                   int64_t in_pad, void *dst, int bf16, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (out * in >= 65536)
-    for (int64_t o = 0; o < out; o++) {
-        const uint16_t *sc = w_scale + o * in_pad / 16;
-        for (int64_t c = 0; c < in; c += 16) {
-            __mmask16 mask = tail_mask(in - c);
-            __m512 step, m;
-            uint8_scale(sc + c / 32 * 2, &step, &m);
-            store_row(dst, bf16, o * in + c, uint8_weights(w + o * in_pad + c, mask, step, m),
-                      mask);
         }
     }
 }
