@@ -22,6 +22,10 @@ Each server gets the same workloads through bench/serve.py's client, in this ord
   warm    16 more new conversations with the same system prompt: first-turn TTFT
   multiturn  16 conversations x 6 turns, all at once (serve's warm-up first): output
           throughput, TTFT p50/p90, cached share
+  prefix rounds  2 more fresh / warm pairs, each on a system prompt the server has
+          not seen (fresh to its prefix cache, not a just-started process): one wave
+          of 16 is a single sample, which the host's load moves by a quarter; the
+          table gives the first round's fresh / warm and the median of all rounds
 and then, taking turns, llama-server first:
   decode  4 rounds of one request each, a short prompt asking for a long reply of 256
           tokens (ignore_eos where the server honours it): decode tokens/s = 1 / TPOT
@@ -45,6 +49,7 @@ import os
 import platform
 import secrets
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -88,6 +93,8 @@ class Sizes:
     reply_tokens: int = 64
     prefix_requests: int = 16
     prefix_reply_tokens: int = 16
+    # fresh / warm pairs in all: the just-started server's, then new system prompts.
+    prefix_rounds: int = 3
 
 
 QUICK = Sizes(
@@ -99,6 +106,7 @@ QUICK = Sizes(
     reply_tokens=32,
     prefix_requests=4,
     prefix_reply_tokens=8,
+    prefix_rounds=1,
 )
 
 
@@ -257,9 +265,14 @@ def decode_workload(sizes: Sizes) -> wl.Workload:
     return wl.Workload("decode", [conv], sizes.decode_tokens, {"turns": 1})
 
 
+# Seeds of later prefix rounds step by this, past any seed + 1 a round uses.
+PREFIX_ROUND_SEED_STEP = 1000
+
+
 def shared_prefix_workloads(sizes: Sizes, seed: int, tokenizer) -> tuple[wl.Workload, wl.Workload]:
     """(fresh, warm): new one-turn conversations on one system prompt; the warm set's
-    user messages differ from the fresh set's, its system prompt is the same."""
+    user messages differ from the fresh set's, its system prompt is the same. Another
+    seed gives another system prompt (a later prefix round's)."""
 
     def make(s: int) -> wl.Workload:
         return wl.prefix(
@@ -325,7 +338,8 @@ def phase_result(workload: wl.Workload, concurrency: int, ignore_eos: bool, reco
 
 
 def run_server(server: Server, sizes: Sizes, seed: int, tokenizer, block_size: int) -> dict:
-    """fresh, warm and multiturn against one just-started server, fresh first."""
+    """fresh, warm, multiturn and the later prefix rounds against one just-started
+    server, fresh first."""
     fresh, warm = shared_prefix_workloads(sizes, seed, tokenizer)
     multi = multiturn_workload(sizes, seed, tokenizer)
 
@@ -338,6 +352,13 @@ def run_server(server: Server, sizes: Sizes, seed: int, tokenizer, block_size: i
         out["multiturn"] = await phase(
             server, multi, sizes.conversations, tokenizer, block_size, True
         )
+        out["prefix_rounds"] = []
+        for r in range(1, sizes.prefix_rounds):
+            f, w = shared_prefix_workloads(sizes, seed + r * PREFIX_ROUND_SEED_STEP, tokenizer)
+            out["prefix_rounds"].append({
+                "fresh": await phase(server, f, sizes.prefix_requests, tokenizer, block_size, False),
+                "warm": await phase(server, w, sizes.prefix_requests, tokenizer, block_size, False),
+            })  # fmt: skip
         return out
 
     result = asyncio.run(all_phases())
@@ -444,11 +465,22 @@ METRICS = (
     ("fresh_ttft_p50_ms", "first-turn TTFT p50, fresh (ms)", "{:.0f}", "lower"),
     ("warm_ttft_p50_ms", "first-turn TTFT p50, warm (ms)", "{:.0f}", "lower"),
     ("fresh_over_warm", "fresh / warm first-turn TTFT p50", "{:.2f}", None),
+    ("fresh_over_warm_median", "  median of the prefix rounds", "{:.2f}", None),
 )
 
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
+
+
+def fresh_over_warm_by_round(run: dict) -> list[float | None]:
+    """fresh / warm first-turn TTFT p50 of each prefix round, the just-started one first."""
+    rounds = [run] + run.get("prefix_rounds", [])
+    out = []
+    for r in rounds:
+        fresh, warm = r["fresh"]["summary"]["ttft_s"]["p50"], r["warm"]["summary"]["ttft_s"]["p50"]
+        out.append(fresh / warm if fresh is not None and warm else None)
+    return out
 
 
 def figures(run: dict) -> dict:
@@ -460,6 +492,7 @@ def figures(run: dict) -> dict:
     multi = run["multiturn"]["summary"]
     fresh = run["fresh"]["summary"]["ttft_s"]["p50"]
     warm = run["warm"]["summary"]["ttft_s"]["p50"]
+    by_round = [r for r in fresh_over_warm_by_round(run) if r is not None]
     return {
         "decode_tok_s": 1 / tpot if tpot else None,
         "decode_reply_tokens": (
@@ -472,6 +505,7 @@ def figures(run: dict) -> dict:
         "fresh_ttft_p50_ms": _ms(fresh),
         "warm_ttft_p50_ms": _ms(warm),
         "fresh_over_warm": fresh / warm if fresh is not None and warm else None,
+        "fresh_over_warm_median": statistics.median(by_round) if by_round else None,
     }
 
 
@@ -516,6 +550,13 @@ def table(pairs: list[dict]) -> str:
         by_round = pair.get("decode_ratio_by_round")
         if by_round:
             lines.append("decode ours/l.cpp by round: " + " ".join(_fmt(r, "{:.2f}") for r in by_round))
+        prefix = pair.get("fresh_over_warm_by_round") or {}
+        if prefix:
+            lines.append("fresh/warm by round: " + "; ".join(
+                f"{'l.cpp' if side == 'llamacpp' else side} "
+                + " ".join(_fmt(r, "{:.2f}") for r in rounds)
+                for side, rounds in prefix.items()
+            ))  # fmt: skip
     lines.append("(^ higher is better, v lower is better; ratios are ours / llama.cpp)")
     return "\n".join(lines)
 
@@ -611,6 +652,11 @@ def compare(args: argparse.Namespace) -> dict:
                 "llamacpp_run": theirs,
                 "rows": pair_rows(figures(runs[ours]), figures(runs[theirs])),
                 "decode_ratio_by_round": decode_ratio_by_round(runs[ours], runs[theirs]),
+                "fresh_over_warm_by_round": {
+                    side: fresh_over_warm_by_round(runs[label])
+                    for side, label in (("ours", ours), ("llamacpp", theirs))
+                    if "error" not in runs[label]
+                },
             }
         )
     return {

@@ -4,6 +4,7 @@ and the ratio table from two made-up runs. No network, no timing."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import stat
 import tarfile
@@ -253,12 +254,18 @@ def _phase(ttft: float, tpot: float, tokens: int, n: int, cached: int, duration:
     return {"summary": summarize(records, duration), "by_turn": by_turn(records)}
 
 
-def _run(ttft_fresh: float, ttft_warm: float, tpot: float, mt_duration: float) -> dict:
+def _run(ttft_fresh: float, ttft_warm: float, tpot: float, mt_duration: float,
+         later_rounds: tuple = ()) -> dict:
+    """A server's run; later_rounds: (fresh, warm) TTFTs of the prefix rounds after the first."""
     return {
         "fresh": _phase(ttft_fresh, 0.01, 8, 4, 0, 1.0),
         "warm": _phase(ttft_warm, 0.01, 8, 4, 50, 1.0),
         "decode": _phase(0.05, tpot, 256, 2, 0, 10.0),
         "multiturn": _phase(0.2, 0.05, 64, 10, 80, mt_duration),
+        "prefix_rounds": [
+            {"fresh": _phase(f, 0.01, 8, 4, 0, 1.0), "warm": _phase(w, 0.01, 8, 4, 50, 1.0)}
+            for f, w in later_rounds
+        ],
     }
 
 
@@ -271,6 +278,47 @@ def test_figures_of_a_run():
     assert fig["multiturn_cached_share"] == pytest.approx(0.8)
     assert fig["fresh_ttft_p50_ms"] == pytest.approx(400.0)
     assert fig["fresh_over_warm"] == pytest.approx(4.0)
+    assert fig["fresh_over_warm_median"] == pytest.approx(4.0)  # the one round
+
+
+def test_later_prefix_rounds_give_the_median_fresh_over_warm():
+    run = _run(0.4, 0.1, 0.02, 8.0, later_rounds=((0.3, 0.2), (0.2, 0.1)))
+    assert lc.fresh_over_warm_by_round(run) == [
+        pytest.approx(4.0), pytest.approx(1.5), pytest.approx(2.0)
+    ]
+    fig = lc.figures(run)
+    # The first round stays the just-started server's; the median takes all three.
+    assert fig["fresh_over_warm"] == pytest.approx(4.0)
+    assert fig["fresh_over_warm_median"] == pytest.approx(2.0)
+    pair = {"ours_dtype": "bf16", "llamacpp_type": "BF16",
+            "rows": lc.pair_rows(fig, lc.figures(_run(0.2, 0.1, 0.01, 4.0))),
+            "fresh_over_warm_by_round": {"ours": lc.fresh_over_warm_by_round(run),
+                                         "llamacpp": [2.0]}}
+    assert "fresh/warm by round: ours 4.00 1.50 2.00; l.cpp 2.00" in lc.table([pair])
+
+
+def test_each_later_prefix_round_has_its_own_system_prompt(monkeypatch):
+    seen = []
+
+    async def fake_phase(server, workload, *a):
+        seen.append((workload.name, workload.conversations[0].system,
+                     workload.conversations[0].turns[0].user))
+        return {}
+
+    monkeypatch.setattr(lc, "phase", fake_phase)
+    server = lc.Server("ours-bf16", "http://127.0.0.1:1", _FakeProc(), None, 1.0)
+    sizes = dataclasses.replace(lc.QUICK, prefix_rounds=3)
+    result = lc.run_server(server, sizes, 0, None, 16)
+    assert len(result["prefix_rounds"]) == 2
+    prefix = [s for s in seen if s[0] == "prefix"]
+    assert len(prefix) == 6  # fresh and warm, three rounds
+    systems = [s[1] for s in prefix]
+    # fresh and warm of a round share a system prompt; no two rounds do.
+    assert all(systems[i] == systems[i + 1] for i in (0, 2, 4))
+    assert len(set(systems)) == 3
+    assert len({s[2] for s in prefix}) == 6  # and every wave's users are new
+    # The multi-turn phase runs on the just-started round's heels, before later rounds.
+    assert [s[0] for s in seen][2] != "prefix"
 
 
 def test_ratio_table_from_two_runs():
