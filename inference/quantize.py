@@ -17,7 +17,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from inference.loader import quantized_cache_path, resolve_model_path
-from kernels.quant_linear import QuantizedWeight, quantize, stored_layout
+from kernels.quant_layout import stored_layout
+from kernels.quant_linear import QuantizedWeight, quantize
 
 log = logging.getLogger(__name__)
 

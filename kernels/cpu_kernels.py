@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from kernels import quant_layout
 from kernels.cpu_features import cpu_flags
 
 log = logging.getLogger(__name__)
@@ -310,18 +311,11 @@ def quant_available() -> bool:
 
 
 def _check_quant(kind: str, data: torch.Tensor, scale: torch.Tensor, in_features: int) -> int:
-    """Validate a quantized weight's tensors (see kernels.quant_linear); its padded width."""
-    if kind not in ("int8", "int4", "uint8"):
-        raise ValueError(f"unknown weight kind {kind!r}")
-    dtypes = {"int8": torch.int8, "int4": torch.uint8, "uint8": torch.uint8}[kind], torch.float16
-    if (data.dtype, scale.dtype) != dtypes or data.dim() != 2:
-        raise ValueError(f"{kind} weights are {dtypes[0]} data with {dtypes[1]} scales")
+    """A quantized weight's tensors as kernels/quant_layout.py stores them, and readable
+    by C (contiguous, on the CPU); its padded width."""
+    in_pad = quant_layout.check(kind, data, scale, in_features)
     if not (data.is_cpu and scale.is_cpu and data.is_contiguous() and scale.is_contiguous()):
         raise ValueError("expected contiguous CPU weight tensors")
-    in_pad = data.shape[1] * (2 if kind == "int4" else 1)
-    groups = (data.shape[0], in_pad // 32) + ((2,) if kind != "int8" else ())
-    if in_pad % 64 or not 0 < in_features <= in_pad or tuple(scale.shape) != groups:
-        raise ValueError(f"a {kind} weight of {tuple(data.shape)} cannot have {in_features} columns")
     return in_pad
 
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels import cpu_kernels
-from kernels.quant_linear import QuantizedWeight, padded
+from kernels.quant_layout import padded
+from kernels.quant_linear import QuantizedWeight
 
 MAX_ROWS = cpu_kernels.QUANT_MAX_ROWS
 

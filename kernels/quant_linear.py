@@ -48,10 +48,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cpu_kernels
+from kernels.quant_layout import GROUP, KINDS, PAD, padded
 
-KINDS = ("int8", "int4", "uint8")
-GROUP = 32
-PAD = 64
 CHUNK_ROWS = 4096
 # Many-row matmuls dequantize slices of about this size (see quant_linear).
 DEQUANT_TILE_BYTES = 4 << 20
@@ -79,21 +77,6 @@ class QuantizedWeight:
     def to(self, device: torch.device | str) -> QuantizedWeight:
         return QuantizedWeight(self.kind, self.data.to(device), self.scale.to(device),
                                self.in_features)
-
-
-def padded(in_features: int) -> int:
-    return -(-in_features // PAD) * PAD
-
-
-def stored_layout(kind: str, out: int, in_features: int) -> dict[str, tuple[torch.dtype, tuple]]:
-    """The dtype and shape of a weight's stored tensors ("data", "scale")."""
-    in_pad = padded(in_features)
-    if kind == "int8":
-        return {"data": (torch.int8, (out, in_pad)), "scale": (torch.float16, (out, in_pad // GROUP))}
-    pairs = (torch.float16, (out, in_pad // GROUP, 2))
-    if kind == "uint8":
-        return {"data": (torch.uint8, (out, in_pad)), "scale": pairs}
-    return {"data": (torch.uint8, (out, in_pad // 2)), "scale": pairs}
 
 
 def _pad_columns(w: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_kernels
+from kernels import cpu_kernels, quant_layout
 from kernels import quant_linear as ql
 
 needs_kernel = pytest.mark.skipif(
@@ -178,6 +178,34 @@ def test_quantize_refuses_bad_weights():
         ql.quantize(torch.randn(4), "int8")
     with pytest.raises(ValueError, match="2-D"):
         ql.quantize(torch.ones(4, 4, dtype=torch.int32), "int8")
+
+
+@pytest.mark.parametrize("kind", ql.KINDS)
+def test_the_stored_layout_checks_a_weights_tensors(kind):
+    """One description of each kind's tensors: what quantize makes passes it, and a
+    wrong kind, dtype, shape or width is refused by name (the C binding calls it)."""
+    qw = ql.quantize(weight(40, 100), kind)
+    assert quant_layout.check(kind, qw.data, qw.scale, 100) == 128
+    other = "int4" if kind != "int4" else "int8"
+    refused = {
+        "kind": ("int3", qw.data, qw.scale, 100),
+        "scales": (kind, qw.data, qw.scale.float(), 100),
+        "columns": (kind, qw.data, qw.scale, 130),
+        "another kind's": (other, qw.data, qw.scale, 100),
+        "no columns": (kind, qw.data, qw.scale, 0),
+        "a 1-D weight": (kind, qw.data.reshape(-1), qw.scale, 100),
+        "dropped scales": (kind, qw.data, qw.scale[:, :-1], 100),
+    }
+    for what, args in refused.items():
+        with pytest.raises(ValueError):
+            quant_layout.check(*args)
+            pytest.fail(what)
+    with pytest.raises(ValueError, match="kind"):
+        quant_layout.check(*refused["kind"])
+    with pytest.raises(ValueError, match="scales"):
+        quant_layout.check(*refused["scales"])
+    with pytest.raises(ValueError, match="columns"):
+        quant_layout.check(*refused["columns"])
 
 
 @needs_kernel
