@@ -21,9 +21,11 @@
    in registers (q * s in fp32, as dequant_* writes it) and fp32 sums; each output is
    rounded once (int4 with bf16 x takes bf16 dot products of the exact levels and
    scales each group's sum, see dot_int4_bf16: half the instructions, as int4 was
-   bound by them rather than by memory). The activations stay exact, so a row's result does not depend on
-   the path its batch takes: the many-row path (dequant_* then oneDNN) computes the
-   same products, and a recomputed prefix matches its decode to fp32 rounding.
+   bound by them rather than by memory). The activations stay exact, so in fp32 a
+   row's result does not depend on the path its batch takes: the many-row path
+   (dequant_* then oneDNN) computes the same products, and a recomputed prefix matches
+   its decode to fp32 rounding. (In bf16 the many-row path multiplies by the weights
+   rounded to bf16: see kernels/quant_linear.py.)
    (Quantizing the activations for integer dot products was tried: each output moved
    by up to ~1 %, enough to flip a greedy choice between a decode and a recompute.)
    Decoding is bound by reading the weights, which this reads at their packed size. */
