@@ -48,10 +48,15 @@ class ModelRunner:
         # Decode batches are the common shape: oneDNN lays weights out for them.
         on_cpu = config.pack_weights and self.device.type == "cpu"
         if on_cpu and self.model.pack_weights(batch_hint=config.max_num_seqs):
-            plain = sum(m.weight.nbytes for m in self.model.linear_layers().values()
-                        if m.keeps_plain and m.packed is not None)
-            log.info("matmul weights packed for oneDNN%s", f" ({plain / 2**20:.0f} MiB of bf16 "
-                     "weights also kept plain for the C decode step)" if plain else "")
+            layers = self.model.linear_layers().values()
+            plain = sum(m.weight.nbytes for m in layers if m.keeps_plain and m.packed is not None)
+            copies = sum(2 * m.out_features * m.in_features for m in layers
+                         if m.quantized is not None and m.packed is not None)
+            log.info("matmul weights packed for oneDNN%s%s",
+                     f" ({plain / 2**20:.0f} MiB of bf16 weights also kept plain for the C "
+                     "decode step)" if plain else "",
+                     f" (quantized weights: a {copies / 2**20:.0f} MiB bf16 copy for many-row "
+                     "matmuls; pack_weights=False drops it)" if copies else "")
         # Rotary frequencies stay fp32 for accuracy at long positions.
         self.model.rotary.inv_freq = self.model.rotary.inv_freq.float()
         per_block = kv_bytes_per_block(model_config, self.block_size, self.dtype)

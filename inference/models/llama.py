@@ -15,7 +15,12 @@ from kernels import AttentionMetadata, cpu_kernels, paged_attention, store_kvcac
 from kernels.cpu_linear import linear, pack_weight, packed_linear
 from kernels.decode_stack import MAX_ROWS as MAX_STACK_ROWS
 from kernels.decode_stack import DecodeStack, StackLayer
-from kernels.quant_linear import QuantizedWeight, quant_linear
+from kernels.quant_linear import (
+    QuantizedWeight,
+    dequantize_for_matmul,
+    quant_linear,
+    runs_kernel,
+)
 
 
 class Linear(nn.Linear):
@@ -44,7 +49,7 @@ class Linear(nn.Linear):
 
     def pack(self, batch_hint: int | None) -> bool:
         if self.quantized is not None:
-            return False
+            return self._pack_dequantized()
         packed = pack_weight(self.weight, batch_hint)
         if packed is None:
             return False
@@ -53,8 +58,22 @@ class Linear(nn.Linear):
             self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
         return True
 
+    def _pack_dequantized(self) -> bool:
+        """A quantized layer in a bf16 model: pack its weight dequantized to bf16 for the
+        rows the C kernel does not take (prefill, large decode steps), which would
+        otherwise dequantize it and have oneDNN re-lay it out on every call (~1.25x a
+        256-token prefill step on SmolLM2). Same products as that path; costs the
+        weight's bf16 size beside the quantized copy, which decodes keep reading."""
+        if self.weight.dtype != torch.bfloat16 or self.weight.device.type != "cpu":
+            return False
+        packed = pack_weight(dequantize_for_matmul(self.quantized, torch.bfloat16))
+        self.packed = packed
+        return packed is not None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
+            if self.packed is not None and not runs_kernel(x, self.quantized):
+                return packed_linear(x, self.packed, self.bias)
             return quant_linear(x, self.quantized, self.bias)
         # A kept plain weight serves a few rows (the C decode step's own matmul).
         if self.packed is not None and not (self.keeps_plain and x.shape[0] <= MAX_STACK_ROWS):

@@ -9,6 +9,7 @@ import torch
 from bench import quant_quality as quality
 from inference import EngineConfig, LLMEngine
 from inference import quantize as quantize_mod
+from inference.models import llama
 from inference.quantize import quantized_cache_file
 from kernels import quant_linear as ql
 from tests.inference.test_parity import PROMPTS
@@ -75,6 +76,43 @@ def test_every_linear_layer_is_quantized_and_the_embedding_kept_exact(
     # Decoding runs (one-row steps through the kernel where it exists).
     out = quality.replies(engine, [ids[:5], ids[5:20]], 12)
     assert [len(o) for o in out] == [12, 12]
+
+
+@pytest.mark.parametrize("weight_dtype", ["int8", "int4"])
+def test_a_bf16_engine_packs_its_quantized_weights_for_many_rows(
+    tiny_model, tmp_path, weight_dtype, monkeypatch
+):
+    """Many rows (prefill) read a bf16 copy of each quantized weight packed once for
+    oneDNN: the products of dequantizing it on every call, without the work; a few
+    rows still read the quantized weight in C; pack_weights=False keeps no copy."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch build")
+
+    def engine(**kw) -> LLMEngine:
+        return LLMEngine(EngineConfig(model=str(tiny_model), dtype="bfloat16", num_blocks=64,
+                                      weight_dtype=weight_dtype,
+                                      model_cache_dir=str(tmp_path), **kw))
+
+    packed, unpacked = engine(), engine(pack_weights=False)
+    layers = packed.runner.model.linear_layers()
+    assert all(m.quantized is not None and m.packed is not None for m in layers.values())
+    assert all(m.packed is None for m in unpacked.runner.model.linear_layers().values())
+    gen = torch.Generator().manual_seed(3)
+    for name, m in layers.items():
+        x = torch.randn(40, m.in_features, generator=gen).bfloat16()
+        ref = torch.nn.functional.linear(x, ql.dequantize(m.quantized, torch.bfloat16), m.bias)
+        with monkeypatch.context() as patch:  # many rows never dequantize
+            patch.setattr(llama, "quant_linear", None)
+            many = m.forward(x)
+        # bf16 outputs of the same products, summed in another order: an ulp or two.
+        assert (many.float() - ref.float()).abs().max() <= 2 ** -6 * ref.float().abs().max(), name
+        if ql.runs_kernel(x[:2], m.quantized):
+            assert torch.equal(m.forward(x[:2]), ql.quant_linear(x[:2], m.quantized, m.bias))
+    ids = torch.randint(0, 49152, (40,), generator=gen).tolist()
+    ref, got = quality.logits(unpacked, ids), quality.logits(packed, ids)
+    assert (got - ref).norm() / ref.norm() < 0.02
+    # A prefill (the packed copy) then decodes (the C kernel) in one engine.
+    assert [len(r) for r in quality.replies(packed, [ids[:5], ids[5:30]], 8)] == [8, 8]
 
 
 def test_blocks_are_named_by_the_weight_dtype(tiny_model, tmp_path):
