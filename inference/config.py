@@ -42,7 +42,8 @@ class EngineConfig:
     # machine 1 avoids waiting for descheduled worker threads on every small op.
     num_threads: int | None = None
     model_cache_dir: str | None = None
-    # On CPU, lay bf16 matmul weights out once in oneDNN's blocked format (kernels/cpu_linear).
+    # On CPU, lay bf16 matmul weights out once in oneDNN's blocked format (kernels/cpu_linear);
+    # quantized weights get a packed bf16 copy for many-row matmuls (their bf16 size).
     pack_weights: bool = True
     # Linear-layer weights: "bf16" keeps them in the compute dtype; "int8" (8 bits with
     # an offset, the head Q8_0) or "int4" (Q4_1, the head Q8_0) quantize them at load
