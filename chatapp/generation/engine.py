@@ -31,7 +31,8 @@ def engine_config():
     return EngineConfig(
         model=settings.LLM_MODEL, device=settings.LLM_DEVICE, dtype=settings.LLM_DTYPE,
         block_size=settings.LLM_BLOCK_SIZE, model_cache_dir=settings.LLM_MODEL_CACHE,
-        engine_id=settings.LLM_ENGINE_ID, **{k: v for k, v in sizes.items() if v},
+        engine_id=settings.LLM_ENGINE_ID, pack_weights=settings.LLM_PACK_WEIGHTS,
+        **{k: v for k, v in sizes.items() if v},
     )
 
 
