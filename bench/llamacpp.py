@@ -492,7 +492,8 @@ def figures(run: dict) -> dict:
     multi = run["multiturn"]["summary"]
     fresh = run["fresh"]["summary"]["ttft_s"]["p50"]
     warm = run["warm"]["summary"]["ttft_s"]["p50"]
-    by_round = [r for r in fresh_over_warm_by_round(run) if r is not None]
+    by_round = fresh_over_warm_by_round(run)
+    measured = [r for r in by_round if r is not None]
     return {
         "decode_tok_s": 1 / tpot if tpot else None,
         "decode_reply_tokens": (
@@ -504,8 +505,8 @@ def figures(run: dict) -> dict:
         "multiturn_cached_share": multi["cached_share"],
         "fresh_ttft_p50_ms": _ms(fresh),
         "warm_ttft_p50_ms": _ms(warm),
-        "fresh_over_warm": fresh / warm if fresh is not None and warm else None,
-        "fresh_over_warm_median": statistics.median(by_round) if by_round else None,
+        "fresh_over_warm": by_round[0],  # the just-started server's round
+        "fresh_over_warm_median": statistics.median(measured) if measured else None,
     }
 
 

@@ -50,7 +50,7 @@ class ModelRunner:
         if on_cpu and self.model.pack_weights(batch_hint=config.max_num_seqs):
             layers = self.model.linear_layers().values()
             plain = sum(m.weight.nbytes for m in layers if m.keeps_plain and m.packed is not None)
-            copies = sum(2 * m.out_features * m.in_features for m in layers
+            copies = sum(torch.bfloat16.itemsize * m.out_features * m.in_features for m in layers
                          if m.quantized is not None and m.packed is not None)
             log.info("matmul weights packed for oneDNN%s%s",
                      f" ({plain / 2**20:.0f} MiB of bf16 weights also kept plain for the C "

@@ -36,9 +36,9 @@ A few rows (decode) run in C (kernels/csrc/quant_linear.c), which dequantizes ea
 weight in registers and keeps the activations exact; more rows dequantize the
 weight whole and use oneDNN through F.linear (a bf16 engine's layers keep a packed
 copy of it for those rows instead: inference/models/llama.Linear); elsewhere (no
-AVX512-BF16, no compiler, CUDA) torch dequantizes and multiplies. In fp32 every path computes the
-same products, so a row's result does not depend on its batch (see the C file on why
-the activations are not quantized). With bf16 activations the many-row path
+AVX512-BF16, no compiler, CUDA) torch dequantizes and multiplies. In fp32 every path
+computes the same products, so a row's result does not depend on its batch (see the C
+file on why the activations are not quantized). With bf16 activations the many-row path
 dequantizes to bf16 for oneDNN's bf16 (AMX) matmul, so a prefill multiplies by the
 weights rounded to bf16, as the bf16 engine's are, while a decode row multiplies by
 them exactly: a prefix recomputed after preemption can differ from its decode by that

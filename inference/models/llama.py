@@ -48,28 +48,25 @@ class Linear(nn.Linear):
         return cpu_kernels.runs_bf16_matmul(self.weight[:1], self.weight)
 
     def pack(self, batch_hint: int | None) -> bool:
-        if self.quantized is not None:
-            return self._pack_dequantized()
-        packed = pack_weight(self.weight, batch_hint)
+        """Lay the weight out once for oneDNN where this build can (a bf16 CPU model).
+        A quantized layer packs its weight dequantized to bf16, for the rows the C kernel
+        does not take (prefill, large decode steps): they would otherwise dequantize it
+        and have oneDNN re-lay it out on every call (a 256-token prefill step of SmolLM2:
+        87 ms, against 63 ms packed). Same products; it costs the weight's bf16 size
+        beside the quantized copy, which decodes keep reading."""
+        if self.quantized is None:
+            weight = self.weight
+        elif self.weight.dtype == torch.bfloat16:  # the model's compute dtype
+            weight = dequantize_for_matmul(self.quantized, torch.bfloat16)
+        else:
+            return False
+        packed = pack_weight(weight, batch_hint)
         if packed is None:
             return False
         self.packed = packed
         if not self.keeps_plain:  # only the packed copy is read from now on
             self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
         return True
-
-    def _pack_dequantized(self) -> bool:
-        """A quantized layer in a bf16 model: pack its weight dequantized to bf16 for the
-        rows the C kernel does not take (prefill, large decode steps), which would
-        otherwise dequantize it and have oneDNN re-lay it out on every call (a 256-token
-        prefill step of SmolLM2: 87 ms, against 63 ms packed). Same products as that
-        path; costs the weight's bf16 size beside the quantized copy, which decodes
-        keep reading."""
-        if self.weight.dtype != torch.bfloat16 or self.weight.device.type != "cpu":
-            return False
-        packed = pack_weight(dequantize_for_matmul(self.quantized, torch.bfloat16))
-        self.packed = packed
-        return packed is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:

@@ -412,8 +412,8 @@ static inline void store_row(void *dst, int bf16, int64_t i, __m512 v, __mmask16
     }
 }
 
-/* W as bf16 or fp32 [out, in] (the padding dropped), for many-row matmuls. */
-/* W of a byte a weight as bf16 or fp32 [out, in]: int8, or uint8 (with_offset). */
+/* W of a byte a weight, int8 or uint8 (with_offset), as bf16 or fp32 [out, in] (the
+   padding dropped), for many-row matmuls. */
 static inline __attribute__((always_inline)) void dequant_bytes(
     const void *w, const uint16_t *w_scale, int64_t out, int64_t in, int64_t in_pad, void *dst,
     int bf16, int threads, const int with_offset) {
