@@ -171,7 +171,7 @@ int decode_stack(const stack_model *m, uint16_t *x, int64_t rows, const uint16_t
             {
                 for (int64_t r = 0; r < rows; r++)
                     rms_norm_row(x + r * hidden, L->input_norm, h + r * hidden, hidden, m->eps);
-                quant_widen(xf, h, 1, rows, hidden, L->qkv.in_pad, (int)L->qkv.kind);
+                quant_widen(xf, h, 1, rows, hidden, L->qkv.in_pad);
             }
             matmul(&L->qkv, xf, rows, y);
 #pragma omp single
@@ -188,20 +188,20 @@ int decode_stack(const stack_model *m, uint16_t *x, int64_t rows, const uint16_t
             decode_attention_tasks(q, k_cache, v_cache, tables, table_stride, lens, attn, rows,
                                    heads, kv_heads, hd, m->block_size, m->scale, scores);
 #pragma omp single
-            quant_widen(xf, attn, 1, rows, q_size, L->o.in_pad, (int)L->o.kind);
+            quant_widen(xf, attn, 1, rows, q_size, L->o.in_pad);
             matmul(&L->o, xf, rows, y);
 #pragma omp single
             {
                 add_into(x, y, rows * hidden);
                 for (int64_t r = 0; r < rows; r++)
                     rms_norm_row(x + r * hidden, L->post_norm, h + r * hidden, hidden, m->eps);
-                quant_widen(xf, h, 1, rows, hidden, L->gate_up.in_pad, (int)L->gate_up.kind);
+                quant_widen(xf, h, 1, rows, hidden, L->gate_up.in_pad);
             }
             matmul(&L->gate_up, xf, rows, y);
 #pragma omp single
             {
                 silu_mul(y, act, rows, inter);
-                quant_widen(xf, act, 1, rows, inter, L->down.in_pad, (int)L->down.kind);
+                quant_widen(xf, act, 1, rows, inter, L->down.in_pad);
             }
             matmul(&L->down, xf, rows, y);
 #pragma omp single

@@ -16,9 +16,8 @@ enum { QUANT_INT8 = 0, QUANT_INT4 = 1, PLAIN_BF16 = 2, QUANT_UINT8 = 3 };
 int64_t quant_act_bytes(int64_t rows, int64_t in_pad);
 
 /* rows of x (bf16 or fp32, `in` wide) prepared in act (64-byte aligned,
-   quant_act_bytes long) as the matmul of a weight of that kind reads them. */
-void quant_widen(float *act, const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad,
-                 int kind);
+   quant_act_bytes long) as the matmuls read them: in x's dtype, padded to in_pad. */
+void quant_widen(float *act, const void *x, int x_bf16, int64_t rows, int64_t in, int64_t in_pad);
 
 /* y[rows, out] = x W^T for a quantized or bf16 W (see quant_linear.c) and x prepared
    in act by quant_widen with the same x_bf16 (bf16 W takes bf16 x only); shared loop. */

@@ -241,11 +241,14 @@ def test_the_c_decode_step_gives_the_torch_forwards_replies(smollm2_by_weight_dt
 
 
 @pytest.mark.model
-def test_int8_greedy_replies_agree_with_bf16(smollm2_by_weight_dtype):
-    """At each token of bf16's greedy replies, int8 picks the same next token at least
-    90 % of the time. (Free-running replies part at the first near-tie and differ
-    wholesale after it: bf16 and fp32 replies of the same weights share only ~75 % of
-    their positions, so position-by-position agreement measures ties, not quality.)"""
+@pytest.mark.parametrize("weight_dtype", ["int8", "int4"])
+def test_greedy_replies_agree_with_bf16(smollm2_by_weight_dtype, weight_dtype):
+    """Free-running greedy replies to the 8 parity prompts, 32 tokens each, agree with
+    bf16's on at least 90 % of positions. The quantized weights hold SmolLM2's shipped
+    ones, and a bf16 engine's kernels take them rounded to bf16 as the bf16 engine's
+    are (kernels/csrc/quant_linear.c), so the replies part only where fp32 sums taken
+    in another order meet a near-tie (measured: 100 %; with exact weights in decode,
+    int8 65-78 %, as fp32 against bf16 is 68 %)."""
     base = smollm2_by_weight_dtype("bf16")
     tok = base.tokenizer
     prompts = [
@@ -253,13 +256,10 @@ def test_int8_greedy_replies_agree_with_bf16(smollm2_by_weight_dtype):
                                 return_dict=False)
         for p in PROMPTS
     ]
-    replies = quality.replies(base, prompts, 32)
-    int8 = smollm2_by_weight_dtype("int8")
-    same = 0
-    for prompt, reply in zip(prompts, replies, strict=True):
-        assert len(reply) == 32
-        choices = quality.forced_choices(int8, prompt, reply)
-        same += sum(a == b for a, b in zip(choices, reply, strict=True))
+    want = quality.replies(base, prompts, 32)
+    got = quality.replies(smollm2_by_weight_dtype(weight_dtype), prompts, 32)
+    same = sum(a == b for r, g in zip(want, got, strict=True) for a, b in zip(r, g, strict=True))
+    assert all(len(r) == 32 for r in want + got)
     assert same >= 0.9 * 8 * 32, f"{same} of {8 * 32} tokens agree"
 
 
