@@ -33,17 +33,15 @@ of each 64-column chunk in the low nibble of its byte j and column 32 + j in the
 high one.
 
 A few rows (decode) run in C (kernels/csrc/quant_linear.c), which dequantizes each
-weight in registers and keeps the activations exact; more rows dequantize the
-weight whole and use oneDNN through F.linear (a bf16 engine's layers keep a packed
-copy of it for those rows instead: inference/models/llama.Linear); elsewhere (no
-AVX512-BF16, no compiler, CUDA) torch dequantizes and multiplies. In fp32 every path
-computes the same products, so a row's result does not depend on its batch (see the C
-file on why the activations are not quantized). With bf16 activations the many-row path
-dequantizes to bf16 for oneDNN's bf16 (AMX) matmul, so a prefill multiplies by the
-weights rounded to bf16, as the bf16 engine's are, while a decode row multiplies by
-them exactly: a prefix recomputed after preemption can differ from its decode by that
-rounding. (Exact products there, as two bf16 matmuls of a weight's high and low
-halves, would double the prefill's matmul time.)
+weight in registers; more rows dequantize the weight whole and use oneDNN through
+F.linear (a bf16 engine's layers keep a packed copy of it for those rows instead:
+inference/models/llama.Linear); elsewhere (no AVX512-BF16, no compiler, CUDA) torch
+dequantizes and multiplies. Every path takes the weights in the activations' dtype:
+exact with fp32 x, rounded to bf16 with bf16 x (the kernel then sums as the plain
+bf16 decode matmul does, so its result is, bit for bit, a bf16 engine's with the
+dequantized weights). So a row's result does not depend on its batch beyond the
+order of its fp32 sums, and a prefix recomputed after preemption matches its decode
+(see the C file on why the activations are not quantized).
 """
 
 from __future__ import annotations
