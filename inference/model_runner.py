@@ -49,7 +49,9 @@ class ModelRunner:
         on_cpu = config.pack_weights and self.device.type == "cpu"
         if on_cpu and self.model.pack_weights(batch_hint=config.max_num_seqs):
             layers = self.model.linear_layers().values()
-            plain = sum(m.weight.nbytes for m in layers if m.keeps_plain and m.packed is not None)
+            embedding = self.model.embed_tokens.weight  # a tied head's plain weight costs nothing
+            plain = sum(m.weight.nbytes for m in layers
+                        if m.keeps_plain and m.packed is not None and m.weight is not embedding)
             copies = sum(torch.bfloat16.itemsize * m.out_features * m.in_features for m in layers
                          if m.quantized is not None and m.packed is not None)
             log.info("matmul weights packed for oneDNN%s%s",

@@ -245,8 +245,8 @@ class LlamaForCausalLM(nn.Module):
         """Run decode steps of a few sequences as one C call (kernels.decode_stack)
         where it can: bf16 on a CPU with the kernels, every layer's matmuls quantized
         or all plain bf16 (call it before pack_weights: a plain weight is then kept
-        beside its packed copy, see Linear.keeps_plain). False, and the torch forward
-        kept, elsewhere."""
+        beside its packed copy, see Linear.keeps_plain; so is a tied head's, the
+        embedding table). False, and the torch forward kept, elsewhere."""
         self.decode_stack = None
         norms = [self.norm.weight] + [w for layer in self.layers for w in (
             layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
@@ -275,6 +275,12 @@ class LlamaForCausalLM(nn.Module):
             return False
         for m in linears:
             m.keeps_plain = not quantized
+        # A tied head's plain weight is the embedding table, kept for lookups anyway: its
+        # few rows take the C matmul too (SmolLM2's head, one row on a 2-core EPYC: 1.3
+        # ms, against 1.8 through oneDNN), and sum as a quantized head's do.
+        head = self.lm_head
+        head.keeps_plain = (self.tie_word_embeddings and head.quantized is None
+                            and head.takes_plain_rows())
         return True
 
     def linear_layers(self) -> dict[str, Linear]:

@@ -36,6 +36,23 @@ def test_the_step_is_built_only_in_bf16_with_weights_it_takes(tiny_model, tmp_pa
     assert not odd.takes_plain_rows() and not odd.keeps_plain
 
 
+def test_a_tied_head_takes_a_few_rows_through_the_embedding_table_in_c(tiny_model, tmp_path):
+    """A bf16 engine's tied head keeps the embedding table as its plain weight (no
+    copy), and a few rows multiply it in C, as a quantized head's rows are multiplied;
+    an untied head keeps only its packed copy."""
+    from tests.inference.conftest import make_tiny_model
+
+    model = engine(tiny_model, tmp_path, "bf16").runner.model
+    head = model.lm_head
+    assert model.tie_word_embeddings and head.keeps_plain and head.packed is not None
+    assert head.weight is model.embed_tokens.weight
+    h = torch.randn(3, head.in_features).bfloat16()
+    want = cpu_kernels.bf16_matmul(h, model.embed_tokens.weight)
+    assert torch.equal(model.compute_logits(h), want)
+    untied = engine(make_tiny_model(tmp_path / "untied", tied=False, seed=2), tmp_path, "bf16")
+    assert not untied.runner.model.lm_head.keeps_plain
+
+
 def one_decode_step(eng: LLMEngine, use_stack: bool):
     """Hidden states and caches after one decode step of every running sequence,
     from the same starting caches."""

@@ -11,6 +11,7 @@ from inference import EngineConfig, LLMEngine
 from inference import quantize as quantize_mod
 from inference.models import llama
 from inference.quantize import quantized_cache_file
+from kernels import cpu_kernels
 from kernels import quant_linear as ql
 from tests.inference.test_parity import PROMPTS
 
@@ -261,6 +262,23 @@ def test_greedy_replies_agree_with_bf16(smollm2_by_weight_dtype, weight_dtype):
     same = sum(a == b for r, g in zip(want, got, strict=True) for a, b in zip(r, g, strict=True))
     assert all(len(r) == 32 for r in want + got)
     assert same >= 0.9 * 8 * 32, f"{same} of {8 * 32} tokens agree"
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not cpu_kernels.quant_available(), reason="needs the C kernels")
+@pytest.mark.parametrize("weight_dtype", ["int8", "int4"])
+def test_the_shipped_model_computes_bf16s_logits_bit_for_bit(smollm2_by_weight_dtype,
+                                                            weight_dtype):
+    """SmolLM2 ships as Q4_1 layers and a Q8_0 head, which int8 and int4 hold exactly;
+    taking them rounded to bf16, summed as the bf16 engine sums (the C matmul for a few
+    rows, oneDNN over an equal packed matrix for more), an int8 or int4 engine computes
+    the bf16 engine's logits, prefill rows and decode rows alike, from a third or a
+    half of its weight bytes."""
+    base = smollm2_by_weight_dtype("bf16")
+    ids = base.tokenizer.encode(HELD_TEXT)[:80]
+    chunks = [70] + [1] * 10  # a prefill, then one-row decode steps
+    want = quality.logits(base, ids, chunks)
+    assert torch.equal(quality.logits(smollm2_by_weight_dtype(weight_dtype), ids, chunks), want)
 
 
 @pytest.mark.model
