@@ -94,6 +94,13 @@ static inline void store_out(void *y, int bf16, int64_t out, int64_t r, int64_t 
     }
 }
 
+/* A row's sums: up to four (fp32 products, see CHAINS) or two (bf16 dot products,
+   see dot_chunk). */
+static inline __attribute__((always_inline)) void zero_sums(__m512 acc[MAX_ROWS][4], const int R) {
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+}
+
 /* One or two rows get four sums each, so that the adds of one chain overlap. */
 #define CHAINS(R) ((R) <= 2 ? 4 : 1)
 
@@ -174,28 +181,6 @@ static inline __attribute__((always_inline)) void chunk_weights(
     }
 }
 
-/* The R rows' dot products with one weight row of a byte a weight, for fp32 x:
-   int8, each weight q * s of its group of 32, or uint8 (offset: a constant 1 in the
-   inlined callers). */
-static inline __attribute__((always_inline)) void dot_bytes(
-    const void *w, const uint16_t *ws, const float *xf, int64_t in_pad, const int R,
-    const int offset, float *res) {
-    __m512 acc[MAX_ROWS][4];
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
-    for (int64_t k0 = 0; k0 < in_pad; k0 += 512) {
-        const int groups = (int)((in_pad - k0 < 512 ? in_pad - k0 : 512) / 32);
-        float sc[32], off[32];
-        block_scales(ws, k0, groups, offset, sc, off);
-        for (int64_t k = 0; k < groups * 32; k += 64) {
-            __m512 w4[4];
-            chunk_weights(w, sc, off, k0, k, offset, w4);
-            fma_rows(acc, w4, xf, in_pad, k0 + k, R);
-        }
-    }
-    sum_rows(acc, R, res);
-}
-
 /* The same with one int4 weight row. Each group's 16 possible weights, q * d + m,
    make a table of one vector; a nibble, zero-extended to 32 bits, indexes it
    (vpermps reads the low 4 bits, so the high nibble needs only a shift). */
@@ -204,8 +189,7 @@ static inline __attribute__((always_inline)) void dot_int4(
     float *res) {
     __m512 acc[MAX_ROWS][4];
     const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    zero_sums(acc, R);
     for (int64_t k = 0; k < in_pad; k += 64) {
         const uint16_t *g = ws + k / 16; /* (d, m) of this chunk's two groups */
         const __m512 t0 = _mm512_fmadd_ps(levels, half_scale(g[0]), half_scale(g[1]));
@@ -226,14 +210,10 @@ static inline __attribute__((always_inline)) void dot_int4(
 /* The bf16 dot products all bf16 x takes, whatever its weights: the same sums in
    the same order, so that a quantized row's result is, bit for bit, the plain bf16
    matmul's with its dequantized weights. Each row keeps two sums, for each 64-column
-   chunk's first and second 32 columns. */
-static inline __attribute__((always_inline)) void zero_sums(__m512 acc[MAX_ROWS][2], const int R) {
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-}
-
-/* acc[r] += the 64 bf16 weights at column k (w0: k .. k + 31, w1: the rest) . x[r]. */
+   chunk's first and second 32 columns: acc[r][0, 1] += the 64 bf16 weights at column
+   k (w0: k .. k + 31, w1: the rest) . x[r]. */
 static inline __attribute__((always_inline)) void dot_chunk(
-    __m512 acc[MAX_ROWS][2], __m512bh w0, __m512bh w1, const uint16_t *xb, int64_t in_pad,
+    __m512 acc[MAX_ROWS][4], __m512bh w0, __m512bh w1, const uint16_t *xb, int64_t in_pad,
     int64_t k, const int R) {
     for (int r = 0; r < R; r++) {
         const uint16_t *xr = xb + r * in_pad + k;
@@ -243,7 +223,7 @@ static inline __attribute__((always_inline)) void dot_chunk(
 }
 
 static inline __attribute__((always_inline)) void sum_chunks(
-    __m512 acc[MAX_ROWS][2], const int R, float *res) {
+    __m512 acc[MAX_ROWS][4], const int R, float *res) {
     for (int r = 0; r < R; r++) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
@@ -251,7 +231,7 @@ static inline __attribute__((always_inline)) void sum_chunks(
    sums (what oneDNN computes for a bf16 matmul, in another order). */
 static inline __attribute__((always_inline)) void dot_bf16(
     const uint16_t *w, const uint16_t *xb, int64_t in_pad, const int R, float *res) {
-    __m512 acc[MAX_ROWS][2];
+    __m512 acc[MAX_ROWS][4];
     zero_sums(acc, R);
     for (int64_t k = 0; k < in_pad; k += 64)
         dot_chunk(acc, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(w + k + 32),
@@ -259,12 +239,15 @@ static inline __attribute__((always_inline)) void dot_bf16(
     sum_chunks(acc, R, res);
 }
 
-/* dot_bytes for bf16 x: the weights rounded to bf16, 32 at a time, then dot_bf16's
-   sums. Two conversions and a dot product a row for 64 weights, against four FMAs. */
-static inline __attribute__((always_inline)) void dot_bytes_bf16(
-    const void *w, const uint16_t *ws, const uint16_t *xb, int64_t in_pad, const int R,
-    const int offset, float *res) {
-    __m512 acc[MAX_ROWS][2];
+/* The R rows' dot products with one weight row of a byte a weight: int8, each weight
+   q * s of its group of 32, or uint8 (offset: a constant 1 in the inlined callers).
+   fp32 rows (xf) take fp32 products of the exact weights; bf16 rows (xb, bf16 a
+   constant 1) the weights rounded to bf16, 32 at a time, and dot_bf16's sums (two
+   conversions and a dot product a row for 64 weights, against four FMAs). */
+static inline __attribute__((always_inline)) void dot_bytes(
+    const void *w, const uint16_t *ws, const float *xf, const uint16_t *xb, int64_t in_pad,
+    const int R, const int offset, const int bf16, float *res) {
+    __m512 acc[MAX_ROWS][4];
     zero_sums(acc, R);
     for (int64_t k0 = 0; k0 < in_pad; k0 += 512) {
         const int groups = (int)((in_pad - k0 < 512 ? in_pad - k0 : 512) / 32);
@@ -273,11 +256,17 @@ static inline __attribute__((always_inline)) void dot_bytes_bf16(
         for (int64_t k = 0; k < groups * 32; k += 64) {
             __m512 w4[4];
             chunk_weights(w, sc, off, k0, k, offset, w4);
-            dot_chunk(acc, _mm512_cvtne2ps_pbh(w4[1], w4[0]), _mm512_cvtne2ps_pbh(w4[3], w4[2]),
-                      xb, in_pad, k0 + k, R);
+            if (bf16)
+                dot_chunk(acc, _mm512_cvtne2ps_pbh(w4[1], w4[0]),
+                          _mm512_cvtne2ps_pbh(w4[3], w4[2]), xb, in_pad, k0 + k, R);
+            else
+                fma_rows(acc, w4, xf, in_pad, k0 + k, R);
         }
     }
-    sum_chunks(acc, R, res);
+    if (bf16)
+        sum_chunks(acc, R, res);
+    else
+        sum_rows(acc, R, res);
 }
 
 /* dot_int4 for bf16 x: a chunk's two groups' 16 weights each, q * d + m, rounded to
@@ -287,7 +276,7 @@ static inline __attribute__((always_inline)) void dot_bytes_bf16(
    conversion makes one row ~25 % slower on AMD's Zen 4 than bf16 dot products of the
    exact levels scaled per group, which a bf16 engine's weights do not give.) */
 static inline __attribute__((always_inline)) void int4_chunk_bf16(
-    __m512 acc[MAX_ROWS][2], const uint8_t *w, const float *dm, int64_t k,
+    __m512 acc[MAX_ROWS][4], const uint8_t *w, const float *dm, int64_t k,
     const uint16_t *xb, int64_t in_pad, const int R) {
     const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(
@@ -305,7 +294,7 @@ static inline __attribute__((always_inline)) void int4_chunk_bf16(
 static inline __attribute__((always_inline)) void dot_int4_bf16(
     const uint8_t *w, const uint16_t *ws, const uint16_t *xb, int64_t in_pad, const int R,
     float *res) {
-    __m512 acc[MAX_ROWS][2];
+    __m512 acc[MAX_ROWS][4];
     zero_sums(acc, R);
     for (int64_t k0 = 0; k0 < in_pad; k0 += 512) {
         const int64_t n = in_pad - k0 < 512 ? in_pad - k0 : 512;
@@ -358,10 +347,10 @@ void quant_matmul_tiles(int kind, const float *xf, int x_bf16, int64_t rows, int
     const uint8_t *w4 = w;
     const uint16_t *wb = w;
     /* bf16 x: each kind's weights rounded to bf16 (see the top of this file) */
-#define DOT8(R) dot_bytes(w8 + o * in_pad, w_scale + o * in_pad / 32, xf, in_pad, R, 0, res)
-#define DOT8B(R) dot_bytes_bf16(w8 + o * in_pad, w_scale + o * in_pad / 32, xb, in_pad, R, 0, res)
-#define DOTU8(R) dot_bytes(w4 + o * in_pad, w_scale + o * in_pad / 16, xf, in_pad, R, 1, res)
-#define DOTU8B(R) dot_bytes_bf16(w4 + o * in_pad, w_scale + o * in_pad / 16, xb, in_pad, R, 1, res)
+#define DOT8(R) dot_bytes(w8 + o * in_pad, w_scale + o * in_pad / 32, xf, xb, in_pad, R, 0, 0, res)
+#define DOT8B(R) dot_bytes(w8 + o * in_pad, w_scale + o * in_pad / 32, xf, xb, in_pad, R, 0, 1, res)
+#define DOTU8(R) dot_bytes(w4 + o * in_pad, w_scale + o * in_pad / 16, xf, xb, in_pad, R, 1, 0, res)
+#define DOTU8B(R) dot_bytes(w4 + o * in_pad, w_scale + o * in_pad / 16, xf, xb, in_pad, R, 1, 1, res)
 #define DOTB(R) dot_bf16(wb + o * in_pad, xb, in_pad, R, res)
 #define DOT4(R) dot_int4(w4 + o * in_pad / 2, w_scale + o * in_pad / 16, xf, in_pad, R, res)
 #define DOT4B(R) dot_int4_bf16(w4 + o * in_pad / 2, w_scale + o * in_pad / 16, xb, in_pad, R, res)
