@@ -272,8 +272,8 @@ def test_the_shipped_model_computes_bf16s_logits_bit_for_bit(smollm2_by_weight_d
     """SmolLM2 ships as Q4_1 layers and a Q8_0 head, which int8 and int4 hold exactly;
     taking them rounded to bf16, summed as the bf16 engine sums (the C matmul for a few
     rows, oneDNN over an equal packed matrix for more), an int8 or int4 engine computes
-    the bf16 engine's logits, prefill rows and decode rows alike, from a third or a
-    half of its weight bytes."""
+    the bf16 engine's logits, prefill rows and decode rows alike, while its decode
+    steps read a third (int4) or a half (int8) of the weight bytes."""
     base = smollm2_by_weight_dtype("bf16")
     ids = base.tokenizer.encode(HELD_TEXT)[:80]
     chunks = [70] + [1] * 10  # a prefill, then one-row decode steps
