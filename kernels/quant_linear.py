@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cpu_kernels
+from kernels.cpu_linear import packed_linear
 from kernels.quant_layout import GROUP, KINDS, PAD, padded
 
 CHUNK_ROWS = 4096
@@ -177,14 +178,21 @@ def dequantize_for_matmul(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tens
 
 
 def quant_linear(
-    x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    qw: QuantizedWeight,
+    bias: torch.Tensor | None = None,
+    packed: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """F.linear(x, W, bias) for a quantized W and x [..., in]."""
+    """F.linear(x, W, bias) for a quantized W and x [..., in]. packed: W dequantized
+    to x's dtype and laid out for oneDNN (kernels.cpu_linear.pack_weight), which the
+    rows the kernel does not take multiply instead of dequantizing W on every call."""
     if x.shape[-1] != qw.in_features:
         raise ValueError(f"expected {qw.in_features} input features, got {x.shape[-1]}")
     if runs_kernel(x, qw):
         y = kernel_matmul(x, qw)
         return y if bias is None else y.add_(bias)
+    if packed is not None:
+        return packed_linear(x, packed, bias)
     return dequant_linear(x, qw, bias)
 
 

@@ -15,12 +15,7 @@ from kernels import AttentionMetadata, cpu_kernels, paged_attention, store_kvcac
 from kernels.cpu_linear import linear, pack_weight, packed_linear
 from kernels.decode_stack import MAX_ROWS as MAX_STACK_ROWS
 from kernels.decode_stack import DecodeStack, StackLayer
-from kernels.quant_linear import (
-    QuantizedWeight,
-    dequantize_for_matmul,
-    quant_linear,
-    runs_kernel,
-)
+from kernels.quant_linear import QuantizedWeight, dequantize_for_matmul, quant_linear
 
 
 class Linear(nn.Linear):
@@ -29,8 +24,9 @@ class Linear(nn.Linear):
 
     packed: torch.Tensor | None = None
     quantized: QuantizedWeight | None = None
-    # The C decode step reads the plain weight: packing keeps it beside the packed copy,
-    # and a few rows take it (kernels.cpu_linear.linear runs them in C).
+    # The C decode step reads the plain weight (a tied head's is the embedding table):
+    # packing keeps it beside the packed copy, and a few rows take it
+    # (kernels.cpu_linear.linear runs them in C).
     keeps_plain: bool = False
 
     def set_quantized(self, qw: QuantizedWeight) -> None:
@@ -70,9 +66,7 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
-            if self.packed is not None and not runs_kernel(x, self.quantized):
-                return packed_linear(x, self.packed, self.bias)
-            return quant_linear(x, self.quantized, self.bias)
+            return quant_linear(x, self.quantized, self.bias, self.packed)
         # A kept plain weight serves a few rows (the C decode step's own matmul).
         if self.packed is not None and not (self.keeps_plain and x.shape[0] <= MAX_STACK_ROWS):
             return packed_linear(x, self.packed, self.bias)
@@ -238,6 +232,13 @@ class LlamaForCausalLM(nn.Module):
     def pack_weights(self, batch_hint: int | None = None) -> bool:
         """Pack every matmul weight for oneDNN where this CPU build can (bf16);
         False when nothing was packed."""
+        # A tied head's plain weight is the embedding table, kept for lookups anyway: it
+        # stays beside the packed copy, and a few rows multiply it in C (SmolLM2's head,
+        # one row on a 2-core EPYC: 1.3 ms, against 1.8 through oneDNN), summing as a
+        # quantized head's rows do.
+        head = self.lm_head
+        head.keeps_plain = (self.tie_word_embeddings and head.quantized is None
+                            and head.takes_plain_rows())
         packed = [m.pack(batch_hint) for m in self.modules() if isinstance(m, Linear)]
         return any(packed)
 
@@ -245,8 +246,8 @@ class LlamaForCausalLM(nn.Module):
         """Run decode steps of a few sequences as one C call (kernels.decode_stack)
         where it can: bf16 on a CPU with the kernels, every layer's matmuls quantized
         or all plain bf16 (call it before pack_weights: a plain weight is then kept
-        beside its packed copy, see Linear.keeps_plain; so is a tied head's, the
-        embedding table). False, and the torch forward kept, elsewhere."""
+        beside its packed copy, see Linear.keeps_plain). False, and the torch forward
+        kept, elsewhere."""
         self.decode_stack = None
         norms = [self.norm.weight] + [w for layer in self.layers for w in (
             layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
@@ -275,12 +276,6 @@ class LlamaForCausalLM(nn.Module):
             return False
         for m in linears:
             m.keeps_plain = not quantized
-        # A tied head's plain weight is the embedding table, kept for lookups anyway: its
-        # few rows take the C matmul too (SmolLM2's head, one row on a 2-core EPYC: 1.3
-        # ms, against 1.8 through oneDNN), and sum as a quantized head's do.
-        head = self.lm_head
-        head.keeps_plain = (self.tie_word_embeddings and head.quantized is None
-                            and head.takes_plain_rows())
         return True
 
     def linear_layers(self) -> dict[str, Linear]:

@@ -41,20 +41,17 @@
 #define MAX_ROWS QUANT_MAX_ROWS
 #define TILE 16
 
+/* Room for fp32 rows, which bf16 ones take half of. */
 int64_t quant_act_bytes(int64_t rows, int64_t in_pad) {
-    int64_t bytes = rows * in_pad * (int64_t)(sizeof(float) + sizeof(uint16_t));
+    int64_t bytes = rows * in_pad * (int64_t)sizeof(float);
     return (bytes + 63) / 64 * 64; /* aligned_alloc takes whole alignments */
 }
 
-/* Where the bf16 rows lie in an activations buffer. */
-static inline uint16_t *act_bf16(const float *act, int64_t rows, int64_t in_pad) {
-    return (uint16_t *)(act + rows * in_pad);
-}
-
 /* x rows as the kernels read them, each padded with zeros to in_pad so the padded
-   weights add nothing: bf16 rows where x is bf16, fp32 ones otherwise. */
+   weights add nothing: bf16 rows where x is bf16, fp32 ones otherwise, from the
+   buffer's start. */
 void quant_widen(float *act, const void *x, int bf16, int64_t rows, int64_t in, int64_t in_pad) {
-    uint16_t *xb = act_bf16(act, rows, in_pad);
+    uint16_t *xb = (uint16_t *)act;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t c = 0; c < in_pad; c += 32) {
             __m512 v[2];
@@ -137,11 +134,11 @@ static inline void uint8_step_offset(__m512 d, __m512 m, __m512 *step, __m512 *o
     *offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *step, m);
 }
 
-/* 16 weights of a byte each (masked) as fp32: int8's q * scale, or with_offset,
-   uint8's q * step + offset (step passed as scale). */
+/* 16 weights of a byte each as fp32: int8's q * scale, or with_offset, uint8's
+   q * step + offset (step passed as scale). */
 static inline __attribute__((always_inline)) __m512 byte_weights(
-    const void *w, __mmask16 mask, __m512 scale, __m512 offset, const int with_offset) {
-    __m128i q = _mm_maskz_loadu_epi8(mask, w);
+    const void *w, __m512 scale, __m512 offset, const int with_offset) {
+    __m128i q = _mm_loadu_si128((const __m128i *)w);
     if (with_offset) return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), scale, offset);
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale);
 }
@@ -176,7 +173,7 @@ static inline __attribute__((always_inline)) void chunk_weights(
     const int64_t g = k / 32;
     for (int j = 0; j < 4; j++) {
         const int64_t i = offset ? 2 * (g + j / 2) : g + j / 2;
-        w4[j] = byte_weights((const int8_t *)w + k0 + k + 16 * j, 0xFFFF, _mm512_set1_ps(sc[i]),
+        w4[j] = byte_weights((const int8_t *)w + k0 + k + 16 * j, _mm512_set1_ps(sc[i]),
                              offset ? _mm512_set1_ps(off[i]) : _mm512_setzero_ps(), offset);
     }
 }
@@ -342,7 +339,7 @@ void quant_matmul_tiles(int kind, const float *xf, int x_bf16, int64_t rows, int
                         const void *w, const uint16_t *w_scale, int64_t out, void *y,
                         int y_bf16) {
     const int64_t tiles = (out + TILE - 1) / TILE;
-    const uint16_t *xb = act_bf16(xf, rows, in_pad);
+    const uint16_t *xb = (const uint16_t *)xf; /* the same rows where x is bf16 */
     const int8_t *w8 = w;
     const uint8_t *w4 = w;
     const uint16_t *wb = w;
@@ -437,19 +434,20 @@ static inline __attribute__((always_inline)) void dequant_bytes(
     int bf16, int threads, const int with_offset) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (out * in >= 65536)
     for (int64_t o = 0; o < out; o++) {
-        const uint16_t *sc = w_scale + o * in_pad / (with_offset ? 16 : 32);
-        for (int64_t c = 0; c < in; c += 16) {
-            __mmask16 mask = tail_mask(in - c);
-            __m512 scale, offset = _mm512_setzero_ps();
-            if (with_offset)
-                uint8_step_offset(half_scale(sc[c / 32 * 2]), half_scale(sc[c / 32 * 2 + 1]), &scale,
-                                  &offset);
-            else
-                scale = half_scale(sc[c / 32]);
-            store_row(dst, bf16, o * in + c,
-                      byte_weights((const int8_t *)w + o * in_pad + c, mask, scale, offset,
-                                   with_offset),
-                      mask);
+        const int8_t *row = (const int8_t *)w + o * in_pad;
+        const uint16_t *ws = w_scale + o * in_pad / (with_offset ? 16 : 32);
+        for (int64_t k0 = 0; k0 < in; k0 += 512) {
+            const int groups = (int)((in_pad - k0 < 512 ? in_pad - k0 : 512) / 32);
+            float sc[32], off[32];
+            block_scales(ws, k0, groups, with_offset, sc, off);
+            for (int64_t k = 0; k < groups * 32 && k0 + k < in; k += 64) {
+                __m512 w4[4];
+                chunk_weights(row, sc, off, k0, k, with_offset, w4);
+                for (int j = 0; j < 4; j++) {
+                    const int64_t c = k0 + k + 16 * j;
+                    if (c < in) store_row(dst, bf16, o * in + c, w4[j], tail_mask(in - c));
+                }
+            }
         }
     }
 }
