@@ -33,9 +33,9 @@ of each 64-column chunk in the low nibble of its byte j and column 32 + j in the
 high one.
 
 A few rows (decode) run in C (kernels/csrc/quant_linear.c), which dequantizes each
-weight in registers; more rows dequantize the weight whole and use oneDNN through
-F.linear (a bf16 engine's layers keep a packed copy of it for those rows instead:
-inference/models/llama.Linear); elsewhere (no AVX512-BF16, no compiler, CUDA) torch
+weight in registers; more rows multiply a copy of the weight dequantized and packed
+once for oneDNN where the caller keeps one (a bf16 engine's layers do:
+inference/models/llama.Linear), or dequantize it whole and use F.linear; elsewhere (no AVX512-BF16, no compiler, CUDA) torch
 dequantizes and multiplies. Every path takes the weights in the activations' dtype:
 exact with fp32 x, rounded to bf16 with bf16 x (the kernel then sums as the plain
 bf16 decode matmul does, so its result is, bit for bit, a bf16 engine's with the
