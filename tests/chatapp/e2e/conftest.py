@@ -115,8 +115,8 @@ def chat_server(tmp_path_factory):
     """One live server for the browser and load tests (the model loads once)."""
     live, proc = start_live_server(
         tmp_path_factory.mktemp("live"), "live",
-        # Room for a long reply to stop; the other prompts ask for short answers.
-        CHAT_MAX_NEW_TOKENS="64",
+        # Room for the reply the browser test stops; the other prompts ask for short answers.
+        CHAT_MAX_NEW_TOKENS="512",
         # Long enough to overflow the model's context: the way to make generation fail.
         MAX_USER_MESSAGE_CHARS="60000",
     )
