@@ -91,6 +91,19 @@ static inline void store_out(void *y, int bf16, int64_t out, int64_t r, int64_t 
     }
 }
 
+/* Each decode step streams the weights from memory once, and the hardware
+   prefetcher alone kept too few lines in flight for the slower loops (a quantized
+   row's conversions). Reading 2 KiB ahead, on a 2-core Xeon under KVM, single-stream
+   decode in process went 64 -> 112 tok/s (int8), 100 -> 125 (int4), 63 -> 77 (bf16);
+   1 and 4 KiB did as well. Past a row's end it reaches into the next row, which the
+   same thread takes next. always_inline: as a plain static inline function, GCC 12 at
+   -O3 dropped every prefetch (a call with no effect). */
+#define PREFETCH_BYTES 2048
+
+static inline __attribute__((always_inline)) void prefetch_ahead(const void *p) {
+    _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T0);
+}
+
 /* A row's sums: up to four (fp32 products, see CHAINS) or two (bf16 dot products,
    see dot_chunk). */
 static inline __attribute__((always_inline)) void zero_sums(__m512 acc[MAX_ROWS][4], const int R) {
@@ -188,6 +201,7 @@ static inline __attribute__((always_inline)) void dot_int4(
     const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     zero_sums(acc, R);
     for (int64_t k = 0; k < in_pad; k += 64) {
+        prefetch_ahead(w + k / 2);
         const uint16_t *g = ws + k / 16; /* (d, m) of this chunk's two groups */
         const __m512 t0 = _mm512_fmadd_ps(levels, half_scale(g[0]), half_scale(g[1]));
         const __m512 t1 = _mm512_fmadd_ps(levels, half_scale(g[2]), half_scale(g[3]));
@@ -230,9 +244,12 @@ static inline __attribute__((always_inline)) void dot_bf16(
     const uint16_t *w, const uint16_t *xb, int64_t in_pad, const int R, float *res) {
     __m512 acc[MAX_ROWS][4];
     zero_sums(acc, R);
-    for (int64_t k = 0; k < in_pad; k += 64)
+    for (int64_t k = 0; k < in_pad; k += 64) {
+        prefetch_ahead(w + k);
+        prefetch_ahead(w + k + 32);
         dot_chunk(acc, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(w + k + 32),
                   xb, in_pad, k, R);
+    }
     sum_chunks(acc, R, res);
 }
 
@@ -252,6 +269,7 @@ static inline __attribute__((always_inline)) void dot_bytes(
         block_scales(ws, k0, groups, offset, sc, off);
         for (int64_t k = 0; k < groups * 32; k += 64) {
             __m512 w4[4];
+            prefetch_ahead((const uint8_t *)w + k0 + k);
             chunk_weights(w, sc, off, k0, k, offset, w4);
             if (bf16)
                 dot_chunk(acc, _mm512_cvtne2ps_pbh(w4[1], w4[0]),
@@ -279,6 +297,7 @@ static inline __attribute__((always_inline)) void int4_chunk_bf16(
     const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(
         _mm512_fmadd_ps(levels, _mm512_set1_ps(dm[2]), _mm512_set1_ps(dm[3])),
         _mm512_fmadd_ps(levels, _mm512_set1_ps(dm[0]), _mm512_set1_ps(dm[1])));
+    prefetch_ahead(w + k / 2);
     /* low nibbles: the chunk's columns 0-31 (first group); high: 32-63 */
     const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w + k / 2)));
     const __m512i first = _mm512_and_si512(b, _mm512_set1_epi16(0x0F));
