@@ -35,8 +35,8 @@ high one.
 A few rows (decode) run in C (kernels/csrc/quant_linear.c), which dequantizes each
 weight in registers; more rows multiply a copy of the weight dequantized and packed
 once for oneDNN where the caller keeps one (a bf16 engine's layers do:
-inference/models/llama.Linear), or dequantize it whole and use F.linear; elsewhere (no AVX512-BF16, no compiler, CUDA) torch
-dequantizes and multiplies. Every path takes the weights in the activations' dtype:
+inference/models/llama.Linear), or dequantize it whole and use F.linear; elsewhere
+(no AVX512-BF16, no compiler, CUDA) torch dequantizes and multiplies. Every path takes the weights in the activations' dtype:
 exact with fp32 x, rounded to bf16 with bf16 x (the kernel then sums as the plain
 bf16 decode matmul does, so its result is, bit for bit, a bf16 engine's with the
 dequantized weights). So a row's result does not depend on its batch beyond the

@@ -201,7 +201,7 @@ static inline __attribute__((always_inline)) void dot_int4(
     const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     zero_sums(acc, R);
     for (int64_t k = 0; k < in_pad; k += 64) {
-        prefetch_ahead(w + k / 2);
+        if (!(k & 64)) prefetch_ahead(w + k / 2);
         const uint16_t *g = ws + k / 16; /* (d, m) of this chunk's two groups */
         const __m512 t0 = _mm512_fmadd_ps(levels, half_scale(g[0]), half_scale(g[1]));
         const __m512 t1 = _mm512_fmadd_ps(levels, half_scale(g[2]), half_scale(g[3]));
@@ -247,8 +247,8 @@ static inline __attribute__((always_inline)) void dot_bf16(
     for (int64_t k = 0; k < in_pad; k += 64) {
         prefetch_ahead(w + k);
         prefetch_ahead(w + k + 32);
-        dot_chunk(acc, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(w + k + 32),
-                  xb, in_pad, k, R);
+        dot_chunk(acc, (__m512bh)_mm512_loadu_si512(w + k),
+                  (__m512bh)_mm512_loadu_si512(w + k + 32), xb, in_pad, k, R);
     }
     sum_chunks(acc, R, res);
 }
@@ -297,7 +297,7 @@ static inline __attribute__((always_inline)) void int4_chunk_bf16(
     const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(
         _mm512_fmadd_ps(levels, _mm512_set1_ps(dm[2]), _mm512_set1_ps(dm[3])),
         _mm512_fmadd_ps(levels, _mm512_set1_ps(dm[0]), _mm512_set1_ps(dm[1])));
-    prefetch_ahead(w + k / 2);
+    if (!(k & 64)) prefetch_ahead(w + k / 2); /* a 64-byte line holds two chunks */
     /* low nibbles: the chunk's columns 0-31 (first group); high: 32-63 */
     const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w + k / 2)));
     const __m512i first = _mm512_and_si512(b, _mm512_set1_epi16(0x0F));
