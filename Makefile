@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint bench bench-multiturn bench-serve bench-llamacpp clean
+.PHONY: install run test test-avx2 test-generic lint bench bench-multiturn bench-serve bench-llamacpp clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,17 @@ test: install
 	# tests' backs (live servers set their own values); one torch thread per process
 	# keeps pytest and its live servers from fighting over two cores.
 	LLM_PRELOAD=0 DASHBOARD_SAMPLE_INTERVAL_S=0 OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+# The kernel and engine tests on a lesser kernel path than this CPU's best, with torch's
+# and oneDNN's own kernels brought down to it (kernels/cpu_features.py): an AVX512 host
+# runs what an AVX2-only one (or, with test-generic, any other CPU) would.
+AVX2_ENV := PREFIXCHAT_CPU_PATH=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+test-avx2: install
+	$(AVX2_ENV) $(MAKE) test PYTEST_ARGS="$(or $(PYTEST_ARGS),tests/kernels tests/inference)"
+
+test-generic: install
+	PREFIXCHAT_CPU_PATH=generic ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 \
+		$(MAKE) test PYTEST_ARGS="$(or $(PYTEST_ARGS),tests/kernels)"
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,12 +1,23 @@
 """Our server against llama.cpp's `llama-server`, on this machine, in one run.
 
-    python -m bench llamacpp build [--cache DIR] [-j N] [--force]
-    python -m bench llamacpp compare [--quick] [--pairs bf16,int8,int4]
+    python -m bench llamacpp build [--cache DIR] [-j N] [--force] [--isa native|avx2]
+    python -m bench llamacpp compare [--quick] [--pairs bf16,int8,int4] [--isa native|avx2]
         [--llama-server PATH] [--llama-quantize PATH] [--threads 2]
         [--out bench-results/llamacpp.json] [--plot PNG]
 
 `build` fetches the llama.cpp tree vendored in the llama-cpp-python sdist and builds
 llama-server into a cache folder (see bench/llamacpp_build.py; skipped when built).
+--isa avx2 builds (and compare then runs) an AVX2-only llama.cpp, to set against our
+engine's AVX2 path on an AVX512 host:
+
+    PREFIXCHAT_CPU_PATH=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+        python -m bench llamacpp compare --isa avx2
+
+Our server inherits this environment; the JSON's `kernel_path` names the path it took
+(its /readyz `cpu_path`, else kernels.cpu_features evaluated here with the same
+environment) and llama.cpp's ISA, and says whether PREFIXCHAT_CPU_PATH forced ours.
+A forced path on a CPU with better instructions approximates a CPU without them: the
+memory bandwidth, caches and clocks stay this host's.
 
 `compare` pairs llama-server on each GGUF type with our server (daphne, as `make run`
 does) on each weight dtype of the same bit width: bf16 with BF16, int8 with Q8_0, int4
@@ -56,7 +67,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -66,6 +77,7 @@ from bench import serve
 from bench.metrics import by_turn, summarize
 from bench.report import plot_ttft_by_turn, progress_log
 from inference.config import DEFAULT_MODEL
+from kernels import cpu_features as cf
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("bench-results/llamacpp.json")
@@ -174,6 +186,9 @@ class Server:
     log: Path
     startup_s: float
     api_key: str | None = None
+    # Our server's kernel path and where it was read ("readyz" or "local").
+    cpu_path: str | None = None
+    cpu_path_from: str | None = None
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -221,6 +236,52 @@ def start_llama_server(
     return Server(label, url, proc, log_path, time.perf_counter() - started)
 
 
+def readyz_cpu_path(url: str, timeout_s: float = 5) -> str | None:
+    """The `cpu_path` of our server's /readyz JSON (top level, or its model check's,
+    where the dashboard reports the loaded engine's), None where it has none (an older
+    server) or does not answer."""
+    try:
+        with urllib.request.urlopen(url + "/readyz", timeout=timeout_s) as response:
+            body = json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    checks = body.get("checks")
+    model = checks.get("model") if isinstance(checks, dict) else None
+    for where in (body, model if isinstance(model, dict) else {}):
+        path = where.get("cpu_path")
+        if isinstance(path, str) and path:
+            return path
+    return None
+
+
+def local_cpu_path(env: Mapping[str, str]) -> str:
+    """kernels.cpu_features.cpu_path() as a process with `env` takes it. The path hangs
+    on the CPU and $PREFIXCHAT_CPU_PATH alone, so it is evaluated here with that one
+    variable set as in `env`, past the cache (this process's own path may have been
+    taken under another value); os.environ is restored after."""
+    saved = os.environ.get(cf.ENV)
+    try:
+        if cf.ENV in env:
+            os.environ[cf.ENV] = env[cf.ENV]
+        else:
+            os.environ.pop(cf.ENV, None)
+        return cf.cpu_path.__wrapped__()
+    finally:
+        if saved is None:
+            os.environ.pop(cf.ENV, None)
+        else:
+            os.environ[cf.ENV] = saved
+
+
+def ours_cpu_path(url: str, env: Mapping[str, str]) -> tuple[str, str]:
+    """(path, where from): the server's own word where /readyz gives it, else computed."""
+    if path := readyz_cpu_path(url):
+        return path, "readyz"
+    return local_cpu_path(env), "local"
+
+
 def _manage(env: dict, *args: str) -> str:
     out = subprocess.run(
         [sys.executable, "manage.py", *args], env=env, cwd=ROOT, capture_output=True, text=True
@@ -255,7 +316,10 @@ def start_ours(
         )
     url = f"http://127.0.0.1:{port}"
     wait_ready(url + "/readyz", proc, log_path, timeout_s)
-    return Server(label, url, proc, log_path, time.perf_counter() - started, key)
+    startup_s = time.perf_counter() - started
+    path, path_from = ours_cpu_path(url, env)
+    log(f"{label}: kernel path {path} (from {path_from})")
+    return Server(label, url, proc, log_path, startup_s, key, path, path_from)
 
 
 # --- workloads -----------------------------------------------------------------
@@ -363,6 +427,9 @@ def run_server(server: Server, sizes: Sizes, seed: int, tokenizer, block_size: i
 
     result = asyncio.run(all_phases())
     result["startup_s"] = server.startup_s
+    if server.cpu_path is not None:  # ours: the kernel path this run's figures came from
+        result["cpu_path"] = server.cpu_path
+        result["cpu_path_from"] = server.cpu_path_from
     return result
 
 
@@ -533,10 +600,15 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else spec.format(value)
 
 
-def table(pairs: list[dict]) -> str:
-    """A fixed-width block per pair: metric, ours, llama.cpp, ours / llama.cpp."""
+def table(pairs: list[dict], kernel_path: dict | None = None) -> str:
+    """A fixed-width block per pair: metric, ours, llama.cpp, ours / llama.cpp; under a
+    line naming both kernel paths where `kernel_path` is given."""
     specs = {key: spec for key, _, spec, _ in METRICS}
     lines = []
+    if kernel_path:
+        lines.append(kernel_path_line(kernel_path))
+        if kernel_path.get("mismatch"):
+            lines.append("  (" + kernel_path["mismatch"] + ")")
     for pair in pairs:
         title = f" ours {pair['ours_dtype']} vs llama.cpp {pair['llamacpp_type']} "
         lines.append(title.center(78, "="))
@@ -562,6 +634,70 @@ def table(pairs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# --- kernel paths ----------------------------------------------------------------
+def path_forced(env: Mapping[str, str]) -> bool:
+    """$PREFIXCHAT_CPU_PATH asks for a path ('auto' and empty ask for none, as in
+    kernels.cpu_features)."""
+    return env.get(cf.ENV, "").strip().lower() not in ("", "auto")
+
+
+def kernel_path_info(
+    ours: str, isa: str, env: Mapping[str, str], ours_from: str, detected: str | None = None
+) -> dict:
+    """The JSON's `kernel_path`: our server's path, llama.cpp's ISA, whether ours was
+    forced, and a note where the two do not line up (`detected`: this CPU's best path)."""
+    info: dict = {"ours": ours, "llamacpp": isa, "forced": path_forced(env), "ours_from": ours_from}
+    if info["forced"]:
+        info["requested"] = env[cf.ENV].strip().lower()
+        info["note"] = (
+            f"{cf.ENV} forced ours onto this path: on a CPU with better instructions the "
+            "figures approximate a CPU that has only this path (memory bandwidth, caches "
+            "and clocks stay this host's)"
+        )
+    if mismatch := kernel_path_mismatch(ours, isa, detected):
+        info["mismatch"] = mismatch
+    return info
+
+
+def kernel_path_mismatch(ours: str, isa: str, detected: str | None) -> str | None:
+    """Why the two sides do not run the same instruction set, None where they do (as far
+    as is known: native is AVX2 on an AVX2-only host)."""
+    if isa == "avx2" and ours != "avx2":
+        return (
+            f"llama.cpp is the AVX2 build but ours took {ours}: set {cf.ENV}=avx2 "
+            "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"
+        )
+    if isa == "native" and ours == "avx2" and detected not in (None, "avx2"):
+        return f"ours took avx2 but llama.cpp is the native ({detected}) build: pass --isa avx2"
+    return None
+
+
+def kernel_path_line(kp: dict) -> str:
+    """'kernel paths: ours avx2 (forced), llama.cpp avx2' for the table and the plot."""
+    ours = kp["ours"] + (" (forced)" if kp.get("forced") else "")
+    return f"kernel paths: ours {ours}, llama.cpp {kp['llamacpp']}"
+
+
+def plot_title(kp: dict) -> str:
+    forced = ", forced" if kp.get("forced") else ""
+    return f"Multi-turn TTFT: ours [{kp['ours']}{forced}] vs llama.cpp [{kp['llamacpp']}]"
+
+
+def ours_path_of_runs(runs: dict[str, dict]) -> tuple[str | None, str | None]:
+    """(path, where from) that our servers reported; (None, None) where none started.
+    Every one inherits one environment, so they agree; several would be listed."""
+    found = {
+        (r["cpu_path"], r.get("cpu_path_from"))
+        for r in runs.values()
+        if r.get("server") == "ours" and r.get("cpu_path")
+    }
+    if not found:
+        return None, None
+    paths = sorted({p for p, _ in found})
+    sources = sorted({f or "?" for _, f in found})
+    return ",".join(paths), ",".join(sources)
+
+
 # --- the comparison --------------------------------------------------------------
 def parse_pairs(text: str) -> list[str]:
     """'bf16,int8' -> ['bf16', 'int8'], checked against PAIRS, in the order given."""
@@ -575,15 +711,20 @@ def parse_pairs(text: str) -> list[str]:
 
 
 def resolve_binaries(args: argparse.Namespace) -> tuple[Path, Path]:
-    """(llama-server, llama-quantize): given, or the cached build."""
+    """(llama-server, llama-quantize): given, or the cached build of --isa."""
     cache = lb.cache_dir(args.cache)
-    server = Path(args.llama_server) if args.llama_server else lb.binary(cache, "llama-server")
+    server = (
+        Path(args.llama_server)
+        if args.llama_server
+        else lb.binary(cache, "llama-server", isa=args.isa)
+    )
     quantize = (
         Path(args.llama_quantize) if args.llama_quantize else server.with_name("llama-quantize")
     )
     if not os.access(server, os.X_OK):
+        isa = "" if args.isa == "native" else f" --isa {args.isa}"
         raise SystemExit(
-            f"no llama-server at {server}: run `python -m bench llamacpp build` "
+            f"no llama-server at {server}: run `python -m bench llamacpp build{isa}` "
             "or pass --llama-server PATH"
         )
     return server, quantize
@@ -616,6 +757,12 @@ def compare(args: argparse.Namespace) -> dict:
             raise SystemExit(f"no llama-quantize at {quantize} to make {gguf_type}")
         else:
             models[gguf_type] = lb.make_gguf(quantize, cache, source, gguf_type)
+    detected = cf.detected_path()
+    # Said before the long run, from this environment (the servers' own word comes later).
+    predicted = local_cpu_path(os.environ)
+    log(f"kernel paths: ours {predicted} (this CPU's best: {detected}), llama.cpp {args.isa}")
+    if mismatch := kernel_path_mismatch(predicted, args.isa, detected):
+        log(f"warning: {mismatch}")
     tokenizer = serve.load_client_tokenizer(DEFAULT_MODEL)
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
@@ -660,12 +807,19 @@ def compare(args: argparse.Namespace) -> dict:
                 },
             }
         )
+    ours_path, ours_from = ours_path_of_runs(runs)
+    if ours_path is None:  # no server of ours started: what it would have taken
+        ours_path, ours_from = predicted, "local"
     return {
         "kind": "llamacpp",
         "quick": args.quick,
+        "kernel_path": kernel_path_info(ours_path, args.isa, os.environ, ours_from, detected),
         "sizes": asdict(sizes),
         "server_settings": asdict(settings),
         "llama_cpp": {
+            "isa": args.isa,
+            # The flags of the cached build; with --llama-server, --isa is taken on trust.
+            "cmake_flags": None if args.llama_server else list(lb.cmake_flags(args.isa)),
             "binary": str(server_bin),
             "version": llama_version(server_bin),
             "source": f"llama-cpp-python=={lb.LLAMA_CPP_PYTHON_VERSION} sdist, vendor/llama.cpp",
@@ -676,6 +830,7 @@ def compare(args: argparse.Namespace) -> dict:
             "python": platform.python_version(),
             "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(),
+            "cpu_path_detected": detected,
             "load_average_at_start": load_start,
             "load_average_at_end": os.getloadavg(),
         },
@@ -701,6 +856,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "--cache", default=None,
             help="build and GGUF cache (default: $PREFIXCHAT_LLAMACPP_CACHE or "
             "~/.cache/prefixchat/llama.cpp)",
+        )  # fmt: skip
+        q.add_argument(
+            "--isa", choices=lb.ISAS, default="native",
+            help="llama.cpp's instruction set: native (-DGGML_NATIVE=ON) or avx2 (AVX2 only, "
+            "for our forced AVX2 path on an AVX512 host); default native",
         )  # fmt: skip
     b.add_argument("--version", default=lb.LLAMA_CPP_PYTHON_VERSION, help="llama-cpp-python")
     b.add_argument("-j", "--jobs", type=int, default=1, help="parallel compile jobs")
@@ -734,13 +894,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None):
     args = parse_args(argv)
     if args.command == "build":
-        return lb.build(lb.cache_dir(args.cache), args.version, args.jobs, args.force)
+        return lb.build(lb.cache_dir(args.cache), args.version, args.jobs, args.force, args.isa)
     result = compare(args)
-    print(table(result["pairs"]))
+    print(table(result["pairs"], result["kernel_path"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     log(f"wrote {args.out}")
     series = {label: run["multiturn"]["by_turn"] for label, run in result["runs"].items()}
-    if args.plot and plot_ttft_by_turn(series, args.plot, "Multi-turn TTFT: ours vs llama.cpp"):
+    if args.plot and plot_ttft_by_turn(series, args.plot, plot_title(result["kernel_path"])):
         log(f"wrote {args.plot}")
     return result

@@ -7,7 +7,12 @@ into a cache folder outside the repository:
     <cache>/<version>/src/                the unpacked sdist (vendor/llama.cpp inside)
     <cache>/<version>/build/bin/          llama-server, llama-quantize and their .so files
     <cache>/<version>/build/BUILT         written last: the version and the CMake flags
-    <cache>/models/                       GGUF files made by llama-quantize
+    <cache>/<version>/build-avx2/         the same for `--isa avx2` (its own bin/ and BUILT)
+    <cache>/models/                       GGUF files made by llama-quantize (shared by both)
+
+Two instruction sets: `native` (-DGGML_NATIVE=ON: whatever this CPU has, AVX512 where
+it has it) and `avx2` (AVX2/FMA/F16C/BMI2 only), the llama.cpp to set against our
+engine's forced AVX2 path (PREFIXCHAT_CPU_PATH=avx2) on an AVX512 host.
 
 The cache is $PREFIXCHAT_LLAMACPP_CACHE, else $XDG_CACHE_HOME (or ~/.cache)/prefixchat/
 llama.cpp. A build whose BUILT stamp matches the version and flags, and whose binaries
@@ -32,20 +37,40 @@ from pathlib import Path
 from bench.report import progress_log
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-CMAKE_FLAGS = (
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=ON",
+ISAS = ("native", "avx2")
+_COMMON_FLAGS = (
     "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_OPENSSL=OFF",
+)
+# The native build's flags, in the order its BUILT stamps hold them (a reorder would
+# make an existing build look stale).
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    *_COMMON_FLAGS,
     # ggml's AMX path (chosen by -march=native where the CPU lists AMX) dies in ldtilecfg
     # inside this workplace's VMs (SIGSEGV / SIGILL at the first matmul): leave it out.
     # llama.cpp then runs its AVX512 (VNNI, BF16) kernels.
     "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
     "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+)
+# AVX2 only, whatever the host has: GGML_NATIVE=OFF stops -march=native, the ISA
+# switches pick the AVX2 kernels and AVX512 stays off. AMX is off by default without
+# -march=native, so the -mno-amx-* flags are not needed here.
+AVX2_CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+    "-DGGML_AVX512=OFF",
+    *_COMMON_FLAGS,
 )
 TARGETS = ("llama-server", "llama-quantize")
 STAMP = "BUILT"
@@ -70,29 +95,53 @@ def version_dir(cache: Path, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
     return cache / version
 
 
-def binary(cache: Path, name: str, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
-    return version_dir(cache, version) / "build" / "bin" / name
+def check_isa(isa: str) -> str:
+    if isa not in ISAS:
+        raise ValueError(f"unknown ISA {isa!r} (one of {', '.join(ISAS)})")
+    return isa
 
 
-def stamp_text(version: str, generator: str) -> str:
-    return (
-        "\n".join([f"llama-cpp-python=={version}", f"generator={generator}", *CMAKE_FLAGS]) + "\n"
-    )
+def cmake_flags(isa: str = "native") -> tuple[str, ...]:
+    """The CMake -D flags of an `isa` build."""
+    return AVX2_CMAKE_FLAGS if check_isa(isa) == "avx2" else CMAKE_FLAGS
+
+
+def build_dir(cache: Path, version: str = LLAMA_CPP_PYTHON_VERSION, isa: str = "native") -> Path:
+    """`build` for native (where it always was, so existing builds stay valid), else
+    `build-<isa>`: each ISA keeps its own tree and both can be kept."""
+    name = "build" if check_isa(isa) == "native" else f"build-{isa}"
+    return version_dir(cache, version) / name
+
+
+def binary(
+    cache: Path, name: str, version: str = LLAMA_CPP_PYTHON_VERSION, isa: str = "native"
+) -> Path:
+    return build_dir(cache, version, isa) / "bin" / name
+
+
+def stamp_text(version: str, generator: str, isa: str = "native") -> str:
+    """The BUILT stamp: version, generator, then the flags (which tell the ISAs apart)."""
+    lines = [f"llama-cpp-python=={version}", f"generator={generator}", *cmake_flags(isa)]
+    return "\n".join(lines) + "\n"
 
 
 def generator() -> str:
     return "Ninja" if shutil.which("ninja") else "Unix Makefiles"
 
 
-def is_built(cache: Path, version: str = LLAMA_CPP_PYTHON_VERSION) -> bool:
+def is_built(cache: Path, version: str = LLAMA_CPP_PYTHON_VERSION, isa: str = "native") -> bool:
     """True when the stamp names this version and these flags and the binaries are there."""
-    stamp = version_dir(cache, version) / "build" / STAMP
+    stamp = build_dir(cache, version, isa) / STAMP
     if not stamp.is_file():
         return False
     lines = stamp.read_text().splitlines()
-    if not lines or lines[0] != f"llama-cpp-python=={version}" or tuple(lines[2:]) != CMAKE_FLAGS:
+    if (
+        not lines
+        or lines[0] != f"llama-cpp-python=={version}"
+        or tuple(lines[2:]) != cmake_flags(isa)
+    ):
         return False
-    return all(os.access(binary(cache, t, version), os.X_OK) for t in TARGETS)
+    return all(os.access(binary(cache, t, version, isa), os.X_OK) for t in TARGETS)
 
 
 def pip_download_cmd(version: str, dest: Path) -> list[str]:
@@ -110,7 +159,7 @@ def pip_download_cmd(version: str, dest: Path) -> list[str]:
     ]
 
 
-def cmake_configure_cmd(src: Path, build: Path, gen: str) -> list[str]:
+def cmake_configure_cmd(src: Path, build: Path, gen: str, isa: str = "native") -> list[str]:
     return [
         "cmake",
         "-S",
@@ -119,7 +168,7 @@ def cmake_configure_cmd(src: Path, build: Path, gen: str) -> list[str]:
         str(build),
         "-G",
         gen,
-        *CMAKE_FLAGS,
+        *cmake_flags(isa),
     ]
 
 
@@ -171,24 +220,33 @@ def fetch_source(cache: Path, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
 
 
 def build(
-    cache: Path, version: str = LLAMA_CPP_PYTHON_VERSION, jobs: int = 1, force: bool = False
+    cache: Path,
+    version: str = LLAMA_CPP_PYTHON_VERSION,
+    jobs: int = 1,
+    force: bool = False,
+    isa: str = "native",
 ) -> Path:
-    """Build llama-server and llama-quantize unless already built; returns llama-server."""
-    if is_built(cache, version) and not force:
-        log(f"already built: {binary(cache, 'llama-server', version)}")
-        return binary(cache, "llama-server", version)
+    """Build llama-server and llama-quantize for `isa` unless already built; returns
+    llama-server."""
+    server = binary(cache, "llama-server", version, isa)
+    if is_built(cache, version, isa) and not force:
+        log(f"already built: {server}")
+        return server
     src = fetch_source(cache, version)
-    out = version_dir(cache, version) / "build"
+    out = build_dir(cache, version, isa)
     out.mkdir(parents=True, exist_ok=True)
     (out / STAMP).unlink(missing_ok=True)
     gen = generator()
-    build_log = version_dir(cache, version) / "build.log"
-    log(f"building llama.cpp from llama-cpp-python {version} (-j {jobs}); log in {build_log}")
-    _run(cmake_configure_cmd(src, out, gen), build_log)
+    build_log = out.with_name(out.name + ".log")  # build.log, build-avx2.log
+    log(
+        f"building llama.cpp ({isa}) from llama-cpp-python {version} (-j {jobs}); "
+        f"log in {build_log}"
+    )
+    _run(cmake_configure_cmd(src, out, gen, isa), build_log)
     _run(cmake_build_cmd(out, jobs), build_log)
-    (out / STAMP).write_text(stamp_text(version, gen))
-    log(f"built {binary(cache, 'llama-server', version)}")
-    return binary(cache, "llama-server", version)
+    (out / STAMP).write_text(stamp_text(version, gen, isa))
+    log(f"built {server}")
+    return server
 
 
 def model_path(cache: Path, source: Path, gguf_type: str) -> Path:

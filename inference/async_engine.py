@@ -67,6 +67,7 @@ class AsyncEngine:
         self.engine = engine or LLMEngine(config)
         self.config = self.engine.config
         self.tokenizer = self.engine.tokenizer
+        self.cpu_path = self.engine.cpu_path
         # The longest prompt + reply this engine takes (config, model and KV pool allow).
         self.max_model_len = self.engine.max_model_len
         self._commands: queue.SimpleQueue = queue.SimpleQueue()

@@ -9,7 +9,7 @@ import torch
 from kernels.cpu_features import has_native_bf16
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-WEIGHT_DTYPES = ("bf16", "int8", "int4")
+WEIGHT_DTYPES = ("auto", "bf16", "fp32", "int8", "int4")
 
 
 def default_dtype(device: str) -> str:
@@ -45,10 +45,14 @@ class EngineConfig:
     # On CPU, lay bf16 matmul weights out once in oneDNN's blocked format (kernels/cpu_linear);
     # quantized weights get a packed bf16 copy for many-row matmuls (their bf16 size).
     pack_weights: bool = True
-    # Linear-layer weights: "bf16" keeps them in the compute dtype; "int8" (8 bits with
-    # an offset, the head Q8_0) or "int4" (Q4_1, the head Q8_0) quantize them at load
-    # (inference/quantize.layer_kind, kernels/quant_linear).
-    weight_dtype: str = "bf16"
+    # Linear-layer weights as stored: "auto" keeps them as the file ships them, a GGUF
+    # file's own grid (the shipped SmolLM2: int4) or a safetensors folder's dtype
+    # (inference.loader.auto_weight_dtype);
+    # "bf16" stores bf16 (an fp32 engine on CPU widens them in registers); "fp32" keeps
+    # the compute dtype whatever it is; "int8" (8 bits with an offset, the head Q8_0) or
+    # "int4" (Q4_1, the head Q8_0) quantize them at load (inference/quantize.layer_kind,
+    # kernels/quant_linear).
+    weight_dtype: str = "auto"
     # Label used for metrics and the dashboard ("web", "worker@host").
     engine_id: str = "embedded"
     # Host-memory KV tier under the pool (inference/kv_offload.py): evicted cached blocks

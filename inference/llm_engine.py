@@ -11,7 +11,7 @@ from inference.config import EngineConfig
 from inference.detokenizer import detokenize_incrementally, find_stop_string
 from inference.kv_cache_manager import KVCacheManager
 from inference.kv_offload import attach_tier, build_tier, prewarm
-from inference.loader import load_weights, resolve_model_path
+from inference.loader import auto_weight_dtype, load_weights, resolve_model_path
 from inference.metrics import EngineMetrics
 from inference.model_runner import ModelRunner
 from inference.outputs import RequestOutput
@@ -42,10 +42,14 @@ class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, tokenizer=None):
         self.config = config = config or EngineConfig()
         path = resolve_model_path(config.model, config.model_cache_dir)
+        if config.weight_dtype == "auto":
+            config.weight_dtype = auto_weight_dtype(config.model, path)
+            log.info("weight_dtype auto: %s", config.weight_dtype)
         weights = load_weights(path)
         self.model_config = weights.config
         self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer_if_present(path)
         self.runner = ModelRunner(config, weights.config, weights.state_dict)
+        self.cpu_path = self.runner.cpu_path
         del weights
         self.model_name = config.model if config.model != str(path) else path.name
         self.max_model_len = min(

@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +105,59 @@ def resolve_model_path(model: str = DEFAULT_MODEL, cache_dir: str | None = None)
             f"model {model!r} is neither {DEFAULT_MODEL!r} nor a local Hugging Face folder"
         )
     return path
+
+
+# GGUF tensor types by the weight dtype (inference.config) that keeps their grid or
+# holds them without loss: Q4_1 and Q4_0 lie on int4's levels, Q8_0 on int8's; the
+# other quantized types take the nearest grid with as many bits or more.
+GGUF_WEIGHT_DTYPES = {
+    "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "IQ4_NL": "int4", "IQ4_XS": "int4",
+    "Q5_0": "int8", "Q5_1": "int8", "Q5_K": "int8", "Q6_K": "int8", "Q8_0": "int8",
+    "Q8_K": "int8", "F16": "bf16", "BF16": "bf16", "F32": "bf16",
+}
+
+
+def gguf_source(model: str = DEFAULT_MODEL) -> Path | None:
+    """The GGUF file a model comes from (the default model's, or a .gguf path); None for
+    a Hugging Face folder."""
+    if model == DEFAULT_MODEL:
+        return smollm2_gguf_path()
+    path = Path(model).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
+def safetensors_weight_dtype(path: Path) -> str:
+    """The weight dtype a safetensors folder ships its matrices in: fp32 for fp32, bf16
+    for bf16 (and for fp16, which bf16 holds but for the lowest bits of tiny weights)."""
+    from safetensors import safe_open
+
+    types: Counter[str] = Counter()
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                part = st.get_slice(name)
+                if len(part.get_shape()) == 2:
+                    types[part.get_dtype()] += 1
+    return "fp32" if types and types.most_common(1)[0][0] == "F32" else "bf16"
+
+
+def auto_weight_dtype(model: str = DEFAULT_MODEL, path: Path | None = None) -> str:
+    """What weight_dtype="auto" keeps a model's linear weights as: as the file ships
+    them. A GGUF file keeps its own grid (the type most of its layer matrices have: the
+    shipped SmolLM2's Q4_1 layers load as int4, its Q8_0 head as int8, exactly); a
+    safetensors folder (at path, resolved from model if not given) its own dtype."""
+    source = gguf_source(model)
+    if source is None:
+        return safetensors_weight_dtype(path or resolve_model_path(model))
+    from gguf import GGUFReader
+
+    types = Counter(
+        t.tensor_type.name for t in GGUFReader(source).tensors
+        if t.name.startswith("blk.") and len(t.shape) == 2
+    )
+    if not types:
+        return "bf16"
+    return GGUF_WEIGHT_DTYPES.get(types.most_common(1)[0][0], "int8")
 
 
 def quantized_cache_path(path: Path, weight_dtype: str, version: int,

@@ -13,6 +13,7 @@ from inference.models.llama import LlamaForCausalLM
 from inference.quantize import quantize_model, quantized_cache_file
 from inference.sequence import Sequence
 from kernels.attention import AttentionMetadata
+from kernels.cpu_features import cpu_path
 from kernels.decode_stack import MAX_ROWS as MAX_STACK_ROWS
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,15 @@ class ModelRunner:
         with torch.device(self.device):
             model = LlamaForCausalLM(model_config)
         model.load_hf_state_dict(state_dict)
-        if config.weight_dtype != "bf16":
-            quantize_model(model, config.weight_dtype, quantized_cache_file(config))
+        kind = self.stored_kind(config)
+        if kind is not None:
+            # bf16 storage is a cast, cheaper than reading a cache file back.
+            quantize_model(model, kind, None if kind == "bf16" else quantized_cache_file(config))
         self.model = model.to(dtype=self.dtype).eval()
+        # The kernel path (kernels.cpu_features) the engine took, for logs and metrics.
+        self.cpu_path = cpu_path() if self.device.type == "cpu" else self.device.type
+        log.info("kernel path: %s (%s activations, %s weights)", self.cpu_path, config.dtype,
+                 config.weight_dtype)
         if self.device.type == "cpu" and self.model.build_decode_stack():
             log.info("decode steps of up to %d sequences run as one C call", MAX_STACK_ROWS)
         # Decode batches are the common shape: oneDNN lays weights out for them.
@@ -75,6 +82,17 @@ class ModelRunner:
         )
         log.info("KV pool: %d blocks of %d tokens (%.1f MiB)", self.num_blocks,
                  self.block_size, self.num_blocks * per_block / 2**20)
+
+    def stored_kind(self, config: EngineConfig) -> str | None:
+        """The weight dtype the linear layers are stored in apart from the compute dtype
+        (quantize_model's kinds), or None where they keep the compute dtype: bf16 in a
+        bf16 model is its own dtype, and only the CPU widens bf16 for fp32 rows."""
+        kind = config.weight_dtype
+        if kind in ("int8", "int4"):
+            return kind
+        if kind == "bf16" and self.dtype == torch.float32 and self.device.type == "cpu":
+            return "bf16"
+        return None
 
     def prepare(self, seqs: list[Sequence], num_tokens: list[int]):
         bs = self.block_size

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 # Bump when the stored layout changes (kernels/quant_linear's docstring describes it).
 FORMAT_VERSION = 4
 FORMAT_NAME = "prefixchat-quantized-linear"
-QUANTIZED_DTYPES = ("int8", "int4")  # the weight dtypes (inference.config) that quantize
+# The weight dtypes (inference.config) stored apart from the compute dtype.
+QUANTIZED_DTYPES = ("int8", "int4", "bf16")
 
 
 def layer_kind(name: str, kind: str) -> str:
@@ -37,6 +38,8 @@ def layer_kind(name: str, kind: str) -> str:
     with an offset (uint8): it holds SmolLM2's shipped Q4_1 layers on their levels,
     where Q8_0's symmetric grid moved them (the held text's KL from bf16: 0.0034 nats a
     token)."""
+    if kind == "bf16":  # bf16 storage for an fp32 model, the head as well
+        return kind
     if name == "lm_head":
         return "int8"
     return "uint8" if kind == "int8" else kind

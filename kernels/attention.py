@@ -18,7 +18,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_kernels
+from kernels import cpu_kernels, f32_kernels
 from kernels.cpu_features import has_amx
 
 
@@ -533,7 +533,8 @@ def _decode_attention(
 ) -> torch.Tensor:
     """Attention of the decode rows' queries [B, H, D], one per sequence of d.
 
-    In bf16 on a CPU where kernels/cpu_kernels runs, its C kernel reads K/V in place
+    In bf16 on a CPU where kernels/cpu_kernels runs (in fp32, kernels/f32_kernels),
+    its C kernel reads K/V in place
     through the block tables: at 32 sequences of ~30 tokens, 45 us per layer
     against 340 us for gathering the blocks and one padded flash call. Otherwise,
     one flash-attention call padded to the longest context with an additive mask.
@@ -547,6 +548,9 @@ def _decode_attention(
     if query.is_cpu and cpu_kernels.runs_decode(k_cache):
         q = query.to(k_cache.dtype).contiguous()
         return cpu_kernels.paged_decode_attention(q, k_cache, v_cache, d.tables, d.lens, scale)
+    if query.is_cpu and f32_kernels.runs_decode(k_cache):  # the fp32 paths' own kernel
+        q = query.to(k_cache.dtype).contiguous()
+        return f32_kernels.paged_decode_attention(q, k_cache, v_cache, d.tables, d.lens, scale)
     b = d.tables.shape[0]
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     group = query.shape[1] // kv_heads

@@ -3,29 +3,24 @@ the causal softmax of scores held whole, a gather of K/V into head-major order,
 decode attention read in place through block tables, RMSNorm, and matmuls of a few
 rows against int8/int4/uint8 weights (see kernels.quant_linear).
 
-On a CPU with AVX512-BF16 the sources are built once with the system's C compiler
-into a per-user cache and loaded with ctypes: a second or so, once. Where there is
-no such CPU or no compiler, `available()` is False and callers keep their torch
-ops; nothing is downloaded.
+On the avx512-bf16 path (kernels.cpu_features) the sources are built once with the
+system's C compiler into a per-user cache and loaded with ctypes (kernels.c_build):
+a second or so, once. On other paths or without a compiler, `available()` is False
+and callers keep their torch ops or take the fp32 kernels (kernels.f32_kernels).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import shlex
-import shutil
-import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 
 import torch
 
-from kernels import quant_layout
-from kernels.cpu_features import cpu_flags
+from kernels import c_build, quant_layout
+from kernels.c_build import compiler
+from kernels.cpu_features import AVX512_BF16_FLAGS, cpu_path
 
 log = logging.getLogger(__name__)
 
@@ -37,70 +32,24 @@ SOURCES = tuple(
         "decode_stack.c",
     )
 )
-HEADERS = (CSRC / "vec.h", CSRC / "kernels.h")
+HEADERS = (CSRC / "vec.h", CSRC / "kernels.h", CSRC / "stack.h")
 # Named instruction sets instead of -march=native: the library also runs on another
 # machine with these flags (a cache dir shared over NFS, an image built elsewhere).
 CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp")
-NEEDED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
-
-
-def cache_dir() -> Path:
-    """$PREFIXCHAT_KERNEL_CACHE, else the XDG cache."""
-    if env := os.environ.get("PREFIXCHAT_KERNEL_CACHE"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "prefixchat" / "kernels"
-
-
-def compiler() -> list[str] | None:
-    if env := os.environ.get("CC"):
-        return shlex.split(env)
-    found = shutil.which("cc") or shutil.which("gcc")
-    return [found] if found else None
+NEEDED_FLAGS = AVX512_BF16_FLAGS
 
 
 def build(cc: list[str], dest_dir: Path) -> Path:
     """Compile the sources once per (sources, compiler, flags); return the library."""
-    text = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
-    key = hashlib.sha256(text + repr((cc, CFLAGS)).encode()).hexdigest()[:16]
-    lib = dest_dir / f"cpu_kernels-{key}.so"
-    if not lib.exists():
-        dest_dir.mkdir(parents=True, exist_ok=True)
-        # Built beside its final name and renamed: processes starting together
-        # never load a half-written file.
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=dest_dir)
-        os.close(fd)
-        try:
-            subprocess.run(
-                [*cc, *CFLAGS, "-shared", "-fPIC", "-o", tmp, *map(str, SOURCES)],
-                check=True,
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            os.replace(tmp, lib)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        log.info("compiled %s", lib)
-    return lib
+    return c_build.build("cpu_kernels", cc, dest_dir, SOURCES, HEADERS, CFLAGS)
 
 
 @cache
 def _library() -> ctypes.CDLL | None:
-    if not cpu_flags() >= NEEDED_FLAGS:
+    if cpu_path() != "avx512-bf16":
         return None
-    cc = compiler()
-    if cc is None:
-        log.warning("no C compiler found: CPU attention keeps its torch ops")
-        return None
-    try:
-        lib = ctypes.CDLL(str(build(cc, cache_dir())))
-    except subprocess.CalledProcessError as e:
-        log.warning("compiling the CPU kernels failed, keeping torch ops:\n%s", e.stderr)
-        return None
-    except (subprocess.SubprocessError, OSError) as e:  # a timeout, an unwritable cache
-        log.warning("the CPU kernels are unavailable (%s); keeping torch ops", e)
+    lib = c_build.load("cpu_kernels", SOURCES, HEADERS, CFLAGS, compiler())
+    if lib is None:
         return None
     fn = lib.causal_softmax_bf16
     fn.argtypes = (ctypes.c_void_p,) + (ctypes.c_int64,) * 3 + (ctypes.c_int,)

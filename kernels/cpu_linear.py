@@ -15,16 +15,20 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cpu_kernels
+from kernels.cpu_features import cpu_path
 
 log = logging.getLogger(__name__)
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    """Packing pays for bf16 weights on a CPU build with oneDNN."""
+    """Packing pays for bf16 weights on a CPU build with oneDNN, on the avx512-bf16
+    path: elsewhere oneDNN refuses bf16 packing (it needs AVX512BW/VL/DQ or
+    AVX-NE-CONVERT), and a forced lesser path behaves as such a CPU would."""
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()
+        and cpu_path() == "avx512-bf16"
     )
 
 

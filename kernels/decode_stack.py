@@ -1,8 +1,11 @@
-"""A whole decode step in one C call (csrc/decode_stack.c): every layer of a
-Llama-family model for a few rows of one new token each, then the final norm, for
-matmul weights that are all quantized or all plain bf16 with widths that are
-multiples of 64. Same ops and bf16 roundings as the torch forward, without its ~300
-Python-dispatched ops and per-kernel thread wake-ups.
+"""A whole decode step in one C call: every layer of a Llama-family model for a few
+rows of one new token each, then the final norm, for matmul weights that are all
+stored (quantized, or bf16 on an fp32 step) or all plain, with widths that are
+multiples of 64. Same ops as the torch forward, without its ~300 Python-dispatched
+ops and per-kernel thread wake-ups. Two builds of it:
+- bf16 (csrc/decode_stack.c, the avx512-bf16 path): bf16 activations and cache, with
+  the torch forward's bf16 roundings at the same places;
+- fp32 (csrc/f32/decode.c, every other path): fp32 activations and cache.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import cpu_kernels
+from kernels import cpu_kernels, f32_kernels
 from kernels.quant_layout import padded
 from kernels.quant_linear import QuantizedWeight
 
@@ -58,12 +61,13 @@ class _Model(ctypes.Structure):
     ]
 
 
-Weight = QuantizedWeight | torch.Tensor  # quantized, or plain bf16 [out, in]
+Weight = QuantizedWeight | torch.Tensor  # stored, or plain [out, in] in the step's dtype
 
 
 @dataclass
 class StackLayer:
-    """One decoder layer's weights: bf16 norms, the matmuls' weights, q/k/v's bias if any."""
+    """One decoder layer's weights: norms in the step's dtype, the matmuls' weights,
+    q/k/v's bias if any."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -74,9 +78,12 @@ class StackLayer:
     qkv_bias: torch.Tensor | None = None
 
 
-# The C kinds (csrc/kernels.h).
+# The C kinds: csrc/kernels.h for the bf16 step (plain bf16 is 2), csrc/f32/f32.h for
+# the fp32 one (bf16-stored is 2, plain fp32 4).
 C_KINDS = {"int8": 0, "int4": 1, "uint8": 3}
 PLAIN_BF16 = 2
+F32_KINDS = f32_kernels.KINDS
+STEP_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def dims(w: Weight) -> tuple[int, int]:
@@ -86,23 +93,41 @@ def dims(w: Weight) -> tuple[int, int]:
     return tuple(w.shape)
 
 
-def _bf16_vector(t: torch.Tensor, size: int) -> bool:
-    return t.dtype == torch.bfloat16 and t.is_cpu and t.is_contiguous() and t.shape == (size,)
+def _vector(t: torch.Tensor, size: int, dtype: torch.dtype) -> bool:
+    return t.dtype == dtype and t.is_cpu and t.is_contiguous() and t.shape == (size,)
 
 
-def _matmul(w: Weight, bias: torch.Tensor | None) -> _Matmul:
+def takes_plain(w: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether a step in dtype reads this plain weight: contiguous, on the CPU, in dtype,
+    its width a multiple of 64."""
+    return (w.dim() == 2 and w.dtype == dtype and w.is_cpu and w.is_contiguous()
+            and w.shape[1] % 64 == 0 and w.shape[1] > 0)
+
+
+def _matmul(w: Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> _Matmul:
     out, inp = dims(w)
+    plain_kind = PLAIN_BF16 if dtype == torch.bfloat16 else F32_KINDS["fp32"]
+    kinds = C_KINDS if dtype == torch.bfloat16 else F32_KINDS
     if isinstance(w, torch.Tensor):
-        if not cpu_kernels.runs_bf16_matmul(w[:1], w):
-            raise ValueError("expected a contiguous bf16 CPU weight whose width is a multiple of 64")
-        kind, data, scale, in_pad = PLAIN_BF16, w.data_ptr(), None, inp
+        if not takes_plain(w, dtype):
+            raise ValueError(f"expected a contiguous {dtype} CPU weight whose width is a "
+                             "multiple of 64")
+        kind, data, scale, in_pad = plain_kind, w.data_ptr(), None, inp
     else:
-        if w.kind not in C_KINDS or not (w.data.is_cpu and w.data.is_contiguous()):
-            raise ValueError("expected a quantized CPU weight")
-        kind, data, scale, in_pad = C_KINDS[w.kind], w.data.data_ptr(), w.scale.data_ptr(), padded(inp)
-    if bias is not None and not _bf16_vector(bias, out):
-        raise ValueError("expected a contiguous bf16 bias of the layer's outputs")
+        if w.kind not in kinds or w.kind == "fp32" or not (w.data.is_cpu and w.data.is_contiguous()):
+            raise ValueError(f"a {w.kind} weight is not read by the {dtype} step")
+        scale = w.scale.data_ptr() if w.scale.numel() else None
+        kind, data, in_pad = kinds[w.kind], w.data.data_ptr(), padded(inp)
+    if bias is not None and not _vector(bias, out, dtype):
+        raise ValueError(f"expected a contiguous {dtype} bias of the layer's outputs")
     return _Matmul(kind, data, scale, None if bias is None else bias.data_ptr(), inp, in_pad, out)
+
+
+def runs_here(dtype: torch.dtype) -> bool:
+    """Whether the C step of dtype runs on this machine's path."""
+    if dtype == torch.bfloat16:
+        return cpu_kernels.available()
+    return dtype == torch.float32 and f32_kernels.available()
 
 
 class DecodeStack:
@@ -111,8 +136,11 @@ class DecodeStack:
 
     def __init__(self, layers: list[StackLayer], norm: torch.Tensor, heads: int,
                  kv_heads: int, head_dim: int, eps: float):
-        hidden = norm.shape[0]
-        if not layers or head_dim % 16 or head_dim > 256 or heads % kv_heads:
+        hidden, dtype = norm.shape[0], norm.dtype
+        if dtype not in STEP_DTYPES:
+            raise ValueError(f"no C decode step in {dtype}")
+        lanes = 16 if dtype == torch.bfloat16 else 8
+        if not layers or head_dim % lanes or head_dim > 256 or heads % kv_heads:
             raise ValueError(f"{heads} heads of {head_dim} over {kv_heads} KV heads")
         inter = dims(layers[0].gate_up)[0] // 2
         shapes = {"qkv": ((heads + 2 * kv_heads) * head_dim, hidden),
@@ -123,26 +151,28 @@ class DecodeStack:
                 if dims(getattr(layer, name)) != shape:
                     out, inp = dims(getattr(layer, name))
                     raise ValueError(f"{name} is {out} x {inp}, expected {shape[0]} x {shape[1]}")
-            if not (_bf16_vector(layer.input_norm, hidden) and _bf16_vector(layer.post_norm, hidden)):
-                raise ValueError("expected contiguous bf16 norm weights of the hidden size")
-        if not _bf16_vector(norm, hidden):
-            raise ValueError("expected a contiguous bf16 final norm weight")
+            if not (_vector(layer.input_norm, hidden, dtype)
+                    and _vector(layer.post_norm, hidden, dtype)):
+                raise ValueError(f"expected contiguous {dtype} norm weights of the hidden size")
+        if not _vector(norm, hidden, dtype):
+            raise ValueError(f"expected a contiguous {dtype} final norm weight")
         self._keep = (layers, norm)
         self._layers = (_Layer * len(layers))(*(
-            _Layer(w.input_norm.data_ptr(), w.post_norm.data_ptr(), _matmul(w.qkv, w.qkv_bias),
-                   _matmul(w.o, None), _matmul(w.gate_up, None), _matmul(w.down, None))
+            _Layer(w.input_norm.data_ptr(), w.post_norm.data_ptr(), _matmul(w.qkv, w.qkv_bias, dtype),
+                   _matmul(w.o, None, dtype), _matmul(w.gate_up, None, dtype),
+                   _matmul(w.down, None, dtype))
             for w in layers
         ))
         self._model = _Model(len(layers), hidden, heads, kv_heads, head_dim, inter, 0, eps,
                              head_dim**-0.5, self._layers, norm.data_ptr())
-        self.hidden, self.head_dim, self.kv_heads = hidden, head_dim, kv_heads
+        self.hidden, self.head_dim, self.kv_heads, self.dtype = hidden, head_dim, kv_heads, dtype
 
     def runs(self, rows: int, kv_cache: torch.Tensor) -> bool:
-        """True where the step takes these: 1..MAX_ROWS rows and a contiguous bf16 CPU
-        cache [2, layers, blocks, block_size, kv_heads, head_dim]."""
+        """True where the step takes these: 1..MAX_ROWS rows and a contiguous CPU cache
+        [2, layers, blocks, block_size, kv_heads, head_dim] in the step's dtype."""
         return (
             0 < rows <= MAX_ROWS
-            and kv_cache.dtype == torch.bfloat16
+            and kv_cache.dtype == self.dtype
             and kv_cache.is_cpu
             and kv_cache.is_contiguous()
             and kv_cache.dim() == 6
@@ -155,15 +185,15 @@ class DecodeStack:
                  lens: torch.Tensor) -> torch.Tensor:
         """The final-normed hidden states [rows, hidden] after every layer, for new
         tokens' embeddings x [rows, hidden] (overwritten with the residual stream) at
-        cos/sin [rows, head_dim] (bf16, sin sign-folded), stored at slots [rows], over
+        cos/sin [rows, head_dim] (sin sign-folded; all in the step's dtype), stored at slots [rows], over
         contexts of lens [rows] tokens (the new one included) read through tables."""
         rows = x.shape[0]
         if not self.runs(rows, kv_cache):
             raise ValueError("the decode step does not take this batch or cache")
         for t, shape in ((x, (rows, self.hidden)), (cos, (rows, self.head_dim)),
                          (sin, (rows, self.head_dim))):
-            if t.dtype != torch.bfloat16 or tuple(t.shape) != shape or not t.is_contiguous():
-                raise ValueError(f"expected contiguous bf16 {shape}, got {tuple(t.shape)}")
+            if t.dtype != self.dtype or tuple(t.shape) != shape or not t.is_contiguous():
+                raise ValueError(f"expected contiguous {self.dtype} {shape}, got {tuple(t.shape)}")
         for t in (slots, lens):
             if t.dtype != torch.int64 or tuple(t.shape) != (rows,) or not t.is_contiguous():
                 raise ValueError("expected one int64 slot and length per row")
@@ -178,7 +208,9 @@ class DecodeStack:
             raise ValueError("every row attends to at least its own token")
         self._model.block_size = block_size
         out = torch.empty_like(x)
-        rc = cpu_kernels.loaded().decode_stack(
+        lib = cpu_kernels.loaded() if self.dtype == torch.bfloat16 else f32_kernels.loaded()
+        step = lib.decode_stack if self.dtype == torch.bfloat16 else lib.f32_decode_stack
+        rc = step(
             ctypes.byref(self._model), x.data_ptr(), rows, cos.data_ptr(), sin.data_ptr(),
             slots.data_ptr(), kv_cache.data_ptr(), blocks, tables.data_ptr(), tables.stride(0),
             lens.data_ptr(), out.data_ptr(), torch.get_num_threads(),

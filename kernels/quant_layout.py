@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import torch
 
-KINDS = ("int8", "int4", "uint8")
+QUANT_KINDS = ("int8", "int4", "uint8")
+# bf16 is a weight kept as bf16 for fp32 activations (widened to fp32 in registers):
+# half the bytes of fp32 where bf16 is not native, with no scale.
+KINDS = (*QUANT_KINDS, "bf16")
 # Columns that share a scale (and, but for int8, an offset).
 GROUP = 32
 # Rows are padded with zeros to a multiple of this: the kernels' vector width.
@@ -21,6 +24,8 @@ def padded(in_features: int) -> int:
 def stored_layout(kind: str, out: int, in_features: int) -> dict[str, tuple[torch.dtype, tuple]]:
     """The dtype and shape of a weight's stored tensors ("data", "scale")."""
     in_pad = padded(in_features)
+    if kind == "bf16":
+        return {"data": (torch.bfloat16, (out, in_pad)), "scale": (torch.float16, (out, 0))}
     if kind == "int8":
         return {"data": (torch.int8, (out, in_pad)), "scale": (torch.float16, (out, in_pad // GROUP))}
     pairs = (torch.float16, (out, in_pad // GROUP, 2))

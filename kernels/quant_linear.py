@@ -32,11 +32,15 @@ width); int8 and uint8 keep a byte a weight; int4 packs two nibbles a byte, colu
 of each 64-column chunk in the low nibble of its byte j and column 32 + j in the
 high one.
 
-A few rows (decode) run in C (kernels/csrc/quant_linear.c), which dequantizes each
-weight in registers; more rows multiply a copy of the weight dequantized and packed
-once for oneDNN where the caller keeps one (a bf16 engine's layers do:
-inference/models/llama.Linear), or dequantize it whole and use F.linear; elsewhere
-(no AVX512-BF16, no compiler, CUDA) torch dequantizes and multiplies. Every path takes the weights in the activations' dtype:
+bf16 keeps a weight as bf16 for fp32 activations: half fp32's bytes where bf16
+matmuls are not native, widened exactly in registers.
+
+A few rows (decode) run in C, which dequantizes each weight in registers: bf16 rows
+in kernels/csrc/quant_linear.c (AVX512-BF16), fp32 rows in kernels/csrc/f32/ (any
+CPU); more rows multiply a copy of the weight dequantized and packed once for oneDNN
+where the caller keeps one (a bf16 engine's layers do: inference/models/llama.Linear),
+or dequantize it a tile at a time and use F.linear; elsewhere (no compiler, CUDA)
+torch dequantizes and multiplies. Every path takes the weights in the activations' dtype:
 exact with fp32 x, rounded to bf16 with bf16 x (the kernel then sums as the plain
 bf16 decode matmul does, so its result is, bit for bit, a bf16 engine's with the
 dequantized weights). So a row's result does not depend on its batch beyond the
@@ -51,9 +55,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_kernels
+from kernels import cpu_kernels, f32_kernels
 from kernels.cpu_linear import packed_linear
-from kernels.quant_layout import GROUP, KINDS, PAD, padded
+from kernels.quant_layout import GROUP, KINDS, PAD, QUANT_KINDS, padded
+
+__all__ = ["KINDS", "QUANT_KINDS", "QuantizedWeight", "quant_linear", "quantize", "dequantize"]
 
 CHUNK_ROWS = 4096
 # Many-row matmuls dequantize slices of about this size (see quant_linear).
@@ -103,6 +109,10 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
                                torch.cat([p.scale for p in parts]), weight.shape[1])
     w = _pad_columns(weight.detach().float())
     out, in_pad = w.shape
+    if kind == "bf16":
+        return QuantizedWeight(kind, w.bfloat16().contiguous(),
+                               torch.empty(out, 0, dtype=torch.float16, device=w.device),
+                               weight.shape[1])
     groups = w.view(out, in_pad // GROUP, GROUP)
     if kind == "int8":
         d = (groups.abs().amax(dim=2, keepdim=True) / 127).half()
@@ -133,6 +143,8 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch
     """The weight [out, in] in dtype, in torch: the reference the kernels are held to."""
     out = qw.out_features
     scale = qw.scale.float()
+    if qw.kind == "bf16":
+        return qw.data[:, : qw.in_features].to(dtype)
     if qw.kind == "int8":
         w = qw.data.view(out, -1, GROUP).float() * scale[:, :, None]
     else:
@@ -153,26 +165,29 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch
 
 
 def runs_kernel(x: torch.Tensor, qw: QuantizedWeight) -> bool:
-    """True where the C kernel takes x: a few contiguous bf16/fp32 CPU rows."""
-    return (
-        x.is_cpu
-        and x.dim() == 2
-        and 0 < x.shape[0] <= MAX_KERNEL_ROWS
-        and x.dtype in (torch.bfloat16, torch.float32)
-        and x.is_contiguous()
-        and qw.data.is_cpu
-        and cpu_kernels.quant_available()
-    )
+    """True where a C kernel takes x: a few contiguous CPU rows, fp32 (the fp32 kernels,
+    any kind) or bf16 (the AVX512-BF16 kernels, a quantized kind)."""
+    if not (x.is_cpu and x.dim() == 2 and 0 < x.shape[0] <= MAX_KERNEL_ROWS
+            and x.is_contiguous() and qw.data.is_cpu):
+        return False
+    if x.dtype == torch.float32:
+        return f32_kernels.available()
+    return x.dtype == torch.bfloat16 and qw.kind != "bf16" and cpu_kernels.quant_available()
 
 
 def kernel_matmul(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     """x [rows <= 8, in] times the weight's transpose, in C; ValueError on bad input."""
+    if x.dtype == torch.float32:
+        return f32_kernels.linear(x, qw.kind, qw.data, qw.scale, qw.in_features)
     return cpu_kernels.quant_linear(x, qw.kind, qw.data, qw.scale, qw.in_features)
 
 
 def dequantize_for_matmul(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
-    """The weight in dtype: the C dequantizer where it runs, torch otherwise."""
-    if qw.data.is_cpu and dtype in (torch.bfloat16, torch.float32) and cpu_kernels.quant_available():
+    """The weight in dtype: a C dequantizer where one runs, torch otherwise."""
+    if qw.data.is_cpu and dtype == torch.float32 and f32_kernels.available():
+        return f32_kernels.dequantize(qw.kind, qw.data, qw.scale, qw.in_features)
+    if (qw.data.is_cpu and dtype == torch.bfloat16 and qw.kind != "bf16"
+            and cpu_kernels.quant_available()):
         return cpu_kernels.dequantize(qw.kind, qw.data, qw.scale, qw.in_features, dtype)
     return dequantize(qw, dtype)
 

@@ -17,6 +17,7 @@ from prometheus_client.core import (
 
 from chatapp.dashboard import web_metrics
 from chatapp.dashboard.selectors import engine_reports
+from chatapp.dashboard.stats import IDENTITY
 
 P = "prefixchat:"
 
@@ -60,6 +61,15 @@ class EngineCollector:
                 for engine_id, snap in reports:
                     family.add_metric([engine_id], snap.get(key, 0) or 0)
                 yield family
+        # Info-style (value 1, facts in labels), as vLLM's cache_config_info: which kernel
+        # path and dtypes each engine took, to explain its latency figures.
+        info = GaugeMetricFamily(P + "engine_info",
+                                 "The engine's model, kernel path and dtypes (always 1).",
+                                 labels=["engine", "model", *IDENTITY])
+        for engine_id, snap in reports:
+            info.add_metric([engine_id, str(snap.get("model") or ""),
+                             *(str(snap.get(key) or "") for key in IDENTITY)], 1)
+        yield info
         blocks = GaugeMetricFamily(P + "kv_cache_blocks", "KV blocks by state.",
                                    labels=["engine", "state"])
         for engine_id, snap in reports:

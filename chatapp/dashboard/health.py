@@ -52,10 +52,14 @@ def check_redis(url: str) -> tuple[bool, str]:
 
 
 def readiness() -> tuple[bool, dict[str, dict]]:
-    """(ready, {check: {"ok": bool, "detail": str}})."""
+    """(ready, {check: {"ok": bool, "detail": str}}); a loaded model's check also says
+    which kernel path and dtypes it runs with (cpu_path, dtype, weight_dtype)."""
     checks = {"model": check_model(), "database": check_database()}
     redis_url = getattr(settings, "REDIS_URL", "")
     if redis_url:
         checks["redis"] = check_redis(redis_url)
     report = {name: {"ok": ok, "detail": detail} for name, (ok, detail) in checks.items()}
+    engine = engines.local_engine()
+    if engine is not None:
+        report["model"].update(engines.engine_identity(engine))
     return all(ok for ok, _ in checks.values()), report

@@ -76,7 +76,7 @@ def engine_sample_local() -> bool:
     engine = engines.local_engine()
     if engine is None:
         return False
-    snapshot = engine.metrics()
+    snapshot = engines.engine_snapshot(engine)
     _apply_requested_reset(engine, str(snapshot.get("engine_id") or ""))
     snapshot_record(snapshot=snapshot)
     samples_prune()

@@ -9,6 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+# How an engine runs (kernels.cpu_features path, activation and weight dtypes): shown per
+# engine, never added up. None in a snapshot from an engine that predates them.
+IDENTITY = ("cpu_path", "dtype", "weight_dtype")
+
 # Counters that add up across engines for the "total" row.
 SUMMED = (
     "prefix_cache_queries", "prefix_cache_hits", "blocks_total", "blocks_used",
@@ -110,11 +114,13 @@ def engine_figures(snapshot: dict, recent_n: int) -> dict:
     """The dashboard's figures for one engine snapshot (TTFT over all its recent requests)."""
     return _figures([snapshot], _last(snapshot, recent_n), snapshot.get("recent_requests") or [],
                     engine_id=snapshot.get("engine_id", ""), model=snapshot.get("model", ""),
-                    block_size=snapshot.get("block_size"))
+                    block_size=snapshot.get("block_size"),
+                    **{key: snapshot.get(key) for key in IDENTITY})
 
 
 def total_figures(snapshots: Sequence[dict], recent_n: int) -> dict:
     """Figures summed over engines; rates are recomputed from the summed tokens."""
     # Each engine's own last n: there is no common clock to merge them by.
     recent = [r for s in snapshots for r in _last(s, recent_n)]
-    return _figures(snapshots, recent, recent, engine_id="total", model="", block_size=None)
+    return _figures(snapshots, recent, recent, engine_id="total", model="", block_size=None,
+                    **dict.fromkeys(IDENTITY))

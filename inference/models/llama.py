@@ -14,7 +14,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from kernels import AttentionMetadata, cpu_kernels, paged_attention, store_kvcache
 from kernels.cpu_linear import linear, pack_weight, packed_linear
 from kernels.decode_stack import MAX_ROWS as MAX_STACK_ROWS
-from kernels.decode_stack import DecodeStack, StackLayer
+from kernels.decode_stack import DecodeStack, StackLayer, runs_here, takes_plain
 from kernels.quant_linear import QuantizedWeight, dequantize_for_matmul, quant_linear
 
 
@@ -40,8 +40,11 @@ class Linear(nn.Linear):
         self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
 
     def takes_plain_rows(self) -> bool:
-        """Whether a few rows can multiply the plain bf16 weight in C."""
-        return cpu_kernels.runs_bf16_matmul(self.weight[:1], self.weight)
+        """Whether a few rows can multiply the plain weight in C (the decode step's
+        matmul: bf16 on the avx512-bf16 path, fp32 on the others)."""
+        if self.weight.dtype == torch.bfloat16:
+            return cpu_kernels.runs_bf16_matmul(self.weight[:1], self.weight)
+        return runs_here(self.weight.dtype) and takes_plain(self.weight, self.weight.dtype)
 
     def pack(self, batch_hint: int | None) -> bool:
         """Lay the weight out once for oneDNN where this build can (a bf16 CPU model).
@@ -244,15 +247,17 @@ class LlamaForCausalLM(nn.Module):
 
     def build_decode_stack(self) -> bool:
         """Run decode steps of a few sequences as one C call (kernels.decode_stack)
-        where it can: bf16 on a CPU with the kernels, every layer's matmuls quantized
-        or all plain bf16 (call it before pack_weights: a plain weight is then kept
-        beside its packed copy, see Linear.keeps_plain). False, and the torch forward
-        kept, elsewhere."""
+        where it can: on a CPU whose path has the step in the model's dtype (bf16 on
+        avx512-bf16, fp32 on every path), every layer's matmuls stored (quantized, or
+        bf16 in an fp32 model) or all plain (call it before pack_weights: a plain
+        weight is then kept beside its packed copy, see Linear.keeps_plain). False, and
+        the torch forward kept, elsewhere."""
         self.decode_stack = None
+        dtype = self.norm.weight.dtype
         norms = [self.norm.weight] + [w for layer in self.layers for w in (
             layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
         linears = [m for name, m in self.linear_layers().items() if name != "lm_head"]
-        if not (cpu_kernels.available() and all(cpu_kernels.runs_rms_norm(w, w) for w in norms)):
+        if not (runs_here(dtype) and all(w.is_cpu and w.is_contiguous() for w in norms)):
             return False
         quantized = all(m.quantized is not None for m in linears)
         if not quantized and not all(m.takes_plain_rows() for m in linears):

@@ -16,27 +16,9 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "stack.h"
 #include "vec.h"
 
-typedef struct {
-    int64_t kind; /* QUANT_INT8, QUANT_INT4, QUANT_UINT8 or PLAIN_BF16 */
-    const void *data;
-    const uint16_t *scale;
-    const uint16_t *bias; /* bf16 [out], or NULL */
-    int64_t in, in_pad, out;
-} stack_matmul;
-
-typedef struct {
-    const uint16_t *input_norm, *post_norm; /* bf16 [hidden] */
-    stack_matmul qkv, o, gate_up, down;
-} stack_layer;
-
-typedef struct {
-    int64_t layers, hidden, heads, kv_heads, head_dim, inter, block_size;
-    float eps, scale;
-    const stack_layer *layer;
-    const uint16_t *norm; /* the final norm's weight */
-} stack_model;
 
 static inline float from_bf16(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

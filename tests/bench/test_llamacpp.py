@@ -15,6 +15,28 @@ import pytest
 from bench import llamacpp as lc
 from bench import llamacpp_build as lb
 from bench.metrics import RequestRecord, by_turn, summarize
+from kernels import cpu_features as cf
+
+# An AVX512-BF16 host's flags (with AVX2's): both x86 paths run on it.
+AVX512_HOST = cf.AVX512_BF16_FLAGS | cf.AVX2_FLAGS
+# The flags the AVX2 build on the bench machine was made with by hand: the list must
+# stay this one (order too) or its BUILT stamp stops matching and it is rebuilt.
+AVX2_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+    "-DGGML_AVX512=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
 
 
 # --- arguments -----------------------------------------------------------------
@@ -24,6 +46,7 @@ def test_compare_defaults_match_the_documented_run():
     assert (args.threads, args.ctx, args.parallel) == (2, 65536, 16)
     assert not args.quick and args.llama_server is None
     assert args.out == Path("bench-results/llamacpp.json")
+    assert args.isa == "native"
 
 
 def test_compare_options():
@@ -36,8 +59,11 @@ def test_compare_options():
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["compare", "--pairs", "fp8"], ["compare", "--pairs", ","], ["compare", "--threads", "0"]],
-)
+    [
+        [], ["compare", "--pairs", "fp8"], ["compare", "--pairs", ","], ["compare", "--threads", "0"],
+        ["compare", "--isa", "avx512"], ["build", "--isa", "sse4"],
+    ],
+)  # fmt: skip
 def test_bad_arguments_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         lc.parse_args(argv)
@@ -48,12 +74,33 @@ def test_build_defaults_to_one_job():
     args = lc.parse_args(["build", "--cache", "/tmp/c"])
     assert (args.jobs, args.force, args.cache) == (1, False, "/tmp/c")
     assert args.version == lb.LLAMA_CPP_PYTHON_VERSION
+    assert args.isa == "native"
+
+
+def test_isa_is_chosen_for_build_and_compare(tmp_path, monkeypatch):
+    assert lc.parse_args(["compare", "--isa", "avx2"]).isa == "avx2"
+    built = []
+    monkeypatch.setattr(lb, "build", lambda *a: built.append(a) or Path("/x"))
+    lc.main(["build", "--cache", str(tmp_path), "--isa", "avx2", "-j", "2"])
+    assert built == [(tmp_path, lb.LLAMA_CPP_PYTHON_VERSION, 2, False, "avx2")]
 
 
 def test_missing_llama_server_says_how_to_get_one(tmp_path):
     args = lc.parse_args(["compare", "--cache", str(tmp_path)])
-    with pytest.raises(SystemExit, match="python -m bench llamacpp build"):
+    with pytest.raises(SystemExit, match="python -m bench llamacpp build`"):
         lc.resolve_binaries(args)
+    args = lc.parse_args(["compare", "--cache", str(tmp_path), "--isa", "avx2"])
+    with pytest.raises(SystemExit, match="python -m bench llamacpp build --isa avx2`"):
+        lc.resolve_binaries(args)
+
+
+def test_compare_takes_the_binaries_of_its_isa(tmp_path):
+    _fake_built(tmp_path, isa="avx2")
+    args = lc.parse_args(["compare", "--cache", str(tmp_path), "--isa", "avx2"])
+    bin_dir = lb.version_dir(tmp_path) / "build-avx2" / "bin"
+    assert lc.resolve_binaries(args) == (bin_dir / "llama-server", bin_dir / "llama-quantize")
+    with pytest.raises(SystemExit):  # the native build is not there
+        lc.resolve_binaries(lc.parse_args(["compare", "--cache", str(tmp_path)]))
 
 
 def test_cache_dir_override_order(tmp_path, monkeypatch):
@@ -87,6 +134,28 @@ def test_cmake_command_lines(tmp_path):
         "cmake", "--build", str(tmp_path / "build"),
         "--target", "llama-server", "llama-quantize", "-j", "1",
     ]  # fmt: skip
+    # The native flags are what existing BUILT stamps hold: AMX left out, nothing else.
+    assert lb.cmake_flags() == lb.cmake_flags("native") == lb.CMAKE_FLAGS
+    assert "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in configure
+    native = lb.cmake_configure_cmd(tmp_path / "src", tmp_path / "build", "Ninja", "native")
+    assert native == configure
+
+
+def test_avx2_build_has_its_own_flags_and_folder(tmp_path):
+    configure = lb.cmake_configure_cmd(tmp_path / "src", tmp_path / "b", "Ninja", isa="avx2")
+    assert tuple(configure[7:]) == lb.cmake_flags("avx2") == AVX2_FLAGS
+    assert "-DGGML_NATIVE=ON" not in configure
+    assert not [f for f in configure if "amx" in f.lower() or "FLAGS=" in f]
+    version = lb.version_dir(tmp_path)
+    assert lb.build_dir(tmp_path) == version / "build"
+    assert lb.build_dir(tmp_path, isa="avx2") == version / "build-avx2"
+    assert lb.binary(tmp_path, "llama-server", isa="avx2") == (
+        version / "build-avx2" / "bin" / "llama-server"
+    )
+    assert lb.binary(tmp_path, "llama-server") == version / "build" / "bin" / "llama-server"
+    assert lb.stamp_text("1.0", "Ninja", "avx2").splitlines()[2:] == list(AVX2_FLAGS)
+    with pytest.raises(ValueError, match="unknown ISA"):
+        lb.cmake_flags("avx512")
 
 
 def test_generator_falls_back_to_makefiles(monkeypatch):
@@ -123,13 +192,13 @@ def test_our_server_environment_asks_for_the_dtype(tmp_path, monkeypatch):
 
 
 # --- build: skip when built ----------------------------------------------------
-def _fake_built(cache: Path, version: str = lb.LLAMA_CPP_PYTHON_VERSION) -> None:
+def _fake_built(cache: Path, version: str = lb.LLAMA_CPP_PYTHON_VERSION, isa: str = "native") -> None:
     for name in lb.TARGETS:
-        path = lb.binary(cache, name, version)
+        path = lb.binary(cache, name, version, isa)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("#!/bin/sh\n")
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    (path.parent.parent / lb.STAMP).write_text(lb.stamp_text(version, "Ninja"))
+    (path.parent.parent / lb.STAMP).write_text(lb.stamp_text(version, "Ninja", isa))
 
 
 def test_is_built_needs_stamp_binaries_and_same_version(tmp_path):
@@ -145,6 +214,28 @@ def test_is_built_needs_stamp_binaries_and_same_version(tmp_path):
     assert not lb.is_built(tmp_path)
 
 
+def test_each_isa_is_built_on_its_own(tmp_path):
+    _fake_built(tmp_path)
+    assert lb.is_built(tmp_path) and not lb.is_built(tmp_path, isa="avx2")
+    _fake_built(tmp_path, isa="avx2")
+    assert lb.is_built(tmp_path, isa="avx2")
+    # A native stamp in the avx2 folder (or the other way round) is a stale build.
+    native_stamp = (lb.build_dir(tmp_path) / lb.STAMP).read_text()
+    (lb.build_dir(tmp_path, isa="avx2") / lb.STAMP).write_text(native_stamp)
+    assert not lb.is_built(tmp_path, isa="avx2") and lb.is_built(tmp_path)
+
+
+def test_the_hand_made_avx2_stamp_is_accepted(tmp_path):
+    """The stamp written for a build configured with exactly AVX2_FLAGS by Makefiles."""
+    _fake_built(tmp_path, isa="avx2")
+    text = "\n".join(
+        [f"llama-cpp-python=={lb.LLAMA_CPP_PYTHON_VERSION}", "generator=Unix Makefiles",
+         *AVX2_FLAGS]
+    ) + "\n"  # fmt: skip
+    (lb.build_dir(tmp_path, isa="avx2") / lb.STAMP).write_text(text)
+    assert lb.is_built(tmp_path, isa="avx2")
+
+
 def test_build_is_skipped_when_built(tmp_path, monkeypatch):
     _fake_built(tmp_path)
 
@@ -153,6 +244,8 @@ def test_build_is_skipped_when_built(tmp_path, monkeypatch):
 
     monkeypatch.setattr(lb, "_run", no_commands)
     assert lb.build(tmp_path) == lb.binary(tmp_path, "llama-server")
+    _fake_built(tmp_path, isa="avx2")
+    assert lb.build(tmp_path, isa="avx2") == lb.binary(tmp_path, "llama-server", isa="avx2")
 
 
 def _fake_sdist(dl: Path, version: str) -> None:
@@ -192,6 +285,36 @@ def test_build_unpacks_configures_builds_and_stamps(tmp_path, monkeypatch):
     ran.clear()
     lb.build(tmp_path, version)
     assert ran == []
+
+
+def test_avx2_build_configures_its_folder_and_stamps_it(tmp_path, monkeypatch):
+    version = "9.9.9"
+    _fake_sdist(tmp_path / "dl", version)
+    ran: list[tuple[list[str], Path | None]] = []
+
+    def fake_run(cmd, log_file=None):
+        ran.append((cmd, log_file))
+        if cmd[:2] == ["cmake", "--build"]:
+            for name in lb.TARGETS:
+                path = lb.binary(tmp_path, name, version, "avx2")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("")
+                path.chmod(0o755)
+
+    monkeypatch.setattr(lb, "_run", fake_run)
+    monkeypatch.setattr(lb.shutil, "which", lambda name: "/usr/bin/ninja")
+    server = lb.build(tmp_path, version, jobs=2, isa="avx2")
+    src, out = lb.version_dir(tmp_path, version) / "src", lb.build_dir(tmp_path, version, "avx2")
+    assert out.name == "build-avx2"
+    assert [cmd for cmd, _ in ran] == [
+        lb.cmake_configure_cmd(src, out, "Ninja", "avx2"),
+        lb.cmake_build_cmd(out, 2),
+    ]
+    assert "-DGGML_AVX512=OFF" in ran[0][0] and "-DGGML_NATIVE=OFF" in ran[0][0]
+    assert {log for _, log in ran} == {out.parent / "build-avx2.log"}
+    assert server == out / "bin" / "llama-server"
+    assert lb.is_built(tmp_path, version, "avx2") and not lb.is_built(tmp_path, version)
+    assert (out / lb.STAMP).read_text() == lb.stamp_text(version, "Ninja", "avx2")
 
 
 # --- GGUF files ----------------------------------------------------------------
@@ -403,3 +526,181 @@ def test_decode_ratio_by_round_pairs_the_rounds():
     ours = {"decode": {"tpot_s_by_round": [0.02, 0.025, None]}}
     theirs = {"decode": {"tpot_s_by_round": [0.03, 0.025, 0.03]}}
     assert lc.decode_ratio_by_round(ours, theirs) == [pytest.approx(1.5), pytest.approx(1.0), None]
+
+
+# --- kernel paths --------------------------------------------------------------
+@pytest.fixture
+def avx512_host(monkeypatch):
+    """This CPU, as kernels.cpu_features sees it, is an AVX512-BF16 x86 host."""
+    monkeypatch.setattr(cf, "cpu_flags", lambda: AVX512_HOST)
+    monkeypatch.delenv(cf.ENV, raising=False)
+
+
+def test_local_cpu_path_follows_the_given_environment(avx512_host, monkeypatch):
+    assert lc.local_cpu_path({}) == "avx512-bf16"
+    assert lc.local_cpu_path({cf.ENV: "avx2"}) == "avx2"
+    assert lc.local_cpu_path({cf.ENV: "auto"}) == "avx512-bf16"
+    assert cf.ENV not in lc.os.environ  # put back as it was
+    monkeypatch.setenv(cf.ENV, "generic")
+    assert lc.local_cpu_path({}) == "avx512-bf16"  # `env`'s value, not this process's
+    assert lc.os.environ[cf.ENV] == "generic"
+
+
+class _Response:
+    def __init__(self, body: bytes):
+        self.body, self.status = body, 200
+
+    def read(self) -> bytes:
+        return self.body
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (b'{"status": "ready", "checks": {}, "cpu_path": "avx2"}', "avx2"),
+        # Where the dashboard reports the loaded engine's identity.
+        (b'{"status": "ready", "checks": {"model": {"ok": true, "cpu_path": "neon"}}}', "neon"),
+        (b'{"status": "ready", "checks": {"model": {"ok": true, "cpu_path": null}}}', None),
+        (b'[1]', None),
+        (b'{"status": "ready", "checks": {}}', None),  # a server without the key
+        (b"not json", None),
+        (OSError("refused"), None),
+    ],
+)
+def test_readyz_cpu_path(monkeypatch, answer, expected):
+    asked = []
+
+    def fake_urlopen(url, timeout=None):
+        asked.append(url)
+        if isinstance(answer, Exception):
+            raise answer
+        return _Response(answer)
+
+    monkeypatch.setattr(lc.urllib.request, "urlopen", fake_urlopen)
+    assert lc.readyz_cpu_path("http://127.0.0.1:9") == expected
+    assert asked == ["http://127.0.0.1:9/readyz"]
+
+
+def test_ours_cpu_path_prefers_readyz(avx512_host, monkeypatch):
+    monkeypatch.setattr(lc, "readyz_cpu_path", lambda url: "generic")
+    assert lc.ours_cpu_path("http://x", {cf.ENV: "avx2"}) == ("generic", "readyz")
+    monkeypatch.setattr(lc, "readyz_cpu_path", lambda url: None)
+    assert lc.ours_cpu_path("http://x", {cf.ENV: "avx2"}) == ("avx2", "local")
+
+
+def test_start_ours_passes_the_environment_and_records_its_path(avx512_host, monkeypatch, tmp_path):
+    monkeypatch.setenv(cf.ENV, "avx2")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    envs = []
+    monkeypatch.setattr(lc, "_manage", lambda env, *a: envs.append(env) or "key\n")
+    monkeypatch.setattr(
+        lc.subprocess, "Popen", lambda cmd, env=None, **k: envs.append(env) or _FakeProc()
+    )
+    monkeypatch.setattr(lc, "wait_ready", lambda *a: None)
+    monkeypatch.setattr(lc, "readyz_cpu_path", lambda url: None)
+    server = lc.start_ours("int8", "ours-int8", lc.ServerSettings(), tmp_path, tmp_path / "db")
+    assert all(e[cf.ENV] == "avx2" and e["ATEN_CPU_CAPABILITY"] == "avx2" for e in envs)
+    assert (server.cpu_path, server.cpu_path_from) == ("avx2", "local")
+
+
+def test_run_server_records_our_path(monkeypatch):
+    async def fake_phase(*a):
+        return {}
+
+    monkeypatch.setattr(lc, "phase", fake_phase)
+    ours = lc.Server("ours-bf16", "http://x", _FakeProc(), None, 1.0, "k", "avx2", "readyz")
+    result = lc.run_server(ours, lc.QUICK, 0, None, 16)
+    assert (result["cpu_path"], result["cpu_path_from"]) == ("avx2", "readyz")
+    theirs = lc.Server("llamacpp-BF16", "http://x", _FakeProc(), None, 1.0)
+    assert "cpu_path" not in lc.run_server(theirs, lc.QUICK, 0, None, 1)
+
+
+def test_kernel_path_info_says_when_ours_was_forced():
+    kp = lc.kernel_path_info("avx2", "avx2", {cf.ENV: "AVX2 "}, "readyz", "avx512-bf16")
+    assert {k: kp[k] for k in ("ours", "llamacpp", "forced", "ours_from", "requested")} == {
+        "ours": "avx2", "llamacpp": "avx2", "forced": True, "ours_from": "readyz",
+        "requested": "avx2",
+    }  # fmt: skip
+    assert "approximat" in kp["note"] and "mismatch" not in kp
+    for env in ({}, {cf.ENV: "auto"}, {cf.ENV: ""}):
+        kp = lc.kernel_path_info("avx512-bf16", "native", env, "local", "avx512-bf16")
+        assert kp == {"ours": "avx512-bf16", "llamacpp": "native", "forced": False,
+                      "ours_from": "local"}  # fmt: skip
+
+
+def test_kernel_path_mismatch():
+    assert lc.kernel_path_mismatch("avx2", "avx2", "avx512-bf16") is None
+    assert lc.kernel_path_mismatch("avx512-bf16", "native", "avx512-bf16") is None
+    assert lc.kernel_path_mismatch("avx2", "native", "avx2") is None  # native is AVX2 there
+    assert "PREFIXCHAT_CPU_PATH=avx2" in lc.kernel_path_mismatch("avx512-bf16", "avx2", None)
+    assert "--isa avx2" in lc.kernel_path_mismatch("avx2", "native", "avx512-bf16")
+
+
+def test_ours_path_of_runs():
+    runs = {
+        "llamacpp-Q4_1": {"server": "llama.cpp"},
+        "ours-int4": {"server": "ours", "cpu_path": "avx2", "cpu_path_from": "readyz"},
+        "ours-int8": {"server": "ours", "error": "exited"},
+    }
+    assert lc.ours_path_of_runs(runs) == ("avx2", "readyz")
+    assert lc.ours_path_of_runs({"ours-int8": runs["ours-int8"]}) == (None, None)
+
+
+def test_table_and_plot_name_the_kernel_paths():
+    ours, theirs = lc.figures(_run(0.4, 0.1, 0.02, 8.0)), lc.figures(_run(0.2, 0.1, 0.01, 4.0))
+    pair = {"ours_dtype": "int8", "llamacpp_type": "Q8_0", "rows": lc.pair_rows(ours, theirs)}
+    kp = lc.kernel_path_info("avx2", "avx2", {cf.ENV: "avx2"}, "readyz")
+    text = lc.table([pair], kp)
+    assert text.splitlines()[0] == "kernel paths: ours avx2 (forced), llama.cpp avx2"
+    assert lc.plot_title(kp) == "Multi-turn TTFT: ours [avx2, forced] vs llama.cpp [avx2]"
+    kp = lc.kernel_path_info("avx512-bf16", "avx2", {}, "local")
+    assert lc.plot_title(kp) == "Multi-turn TTFT: ours [avx512-bf16] vs llama.cpp [avx2]"
+    assert "ours took avx512-bf16" in lc.table([pair], kp).splitlines()[1]
+
+
+def test_compare_puts_the_kernel_paths_in_the_json(avx512_host, monkeypatch, tmp_path, capsys):
+    import inference.loader
+
+    monkeypatch.setenv(cf.ENV, "avx2")
+    _fake_built(tmp_path, isa="avx2")
+    monkeypatch.setattr(inference.loader, "smollm2_gguf_path", lambda: tmp_path / "m.Q4_1.gguf")
+    monkeypatch.setattr(lc.serve, "load_client_tokenizer", lambda name: None)
+    monkeypatch.setattr(lc, "llama_version", lambda binary: "version: 1")
+    started = []
+
+    def fake_pair(contenders, sizes, seed, tokenizer):
+        started.extend(c.label for c in contenders)
+        runs = {
+            "llamacpp-Q4_1": {"server": "llama.cpp", **_run(0.2, 0.1, 0.01, 4.0)},
+            "ours-int4": {"server": "ours", **_run(0.4, 0.1, 0.02, 8.0),
+                          "cpu_path": "avx2", "cpu_path_from": "readyz"},
+        }  # fmt: skip
+        for run in runs.values():
+            run["decode"]["tpot_s_by_round"] = [0.02]
+        return runs
+
+    monkeypatch.setattr(lc, "measured_pair", fake_pair)
+    titles = []
+    monkeypatch.setattr(lc, "plot_ttft_by_turn", lambda series, path, title: titles.append(title))
+    out = tmp_path / "out.json"
+    result = lc.main([
+        "compare", "--quick", "--pairs", "int4", "--isa", "avx2", "--cache", str(tmp_path),
+        "--out", str(out), "--logs", str(tmp_path / "logs"),
+    ])  # fmt: skip
+    assert started == ["llamacpp-Q4_1", "ours-int4"]
+    kp = lc.json.loads(out.read_text())["kernel_path"]
+    assert kp == result["kernel_path"]
+    assert {k: kp[k] for k in ("ours", "llamacpp", "forced", "ours_from")} == {
+        "ours": "avx2", "llamacpp": "avx2", "forced": True, "ours_from": "readyz"
+    }
+    assert result["llama_cpp"]["isa"] == "avx2"
+    assert result["llama_cpp"]["cmake_flags"] == list(AVX2_FLAGS)
+    assert result["llama_cpp"]["binary"] == str(lb.binary(tmp_path, "llama-server", isa="avx2"))
+    assert "kernel paths: ours avx2 (forced), llama.cpp avx2" in capsys.readouterr().out
+    assert titles == ["Multi-turn TTFT: ours [avx2, forced] vs llama.cpp [avx2]"]

@@ -10,11 +10,19 @@ from bench import quant_quality as quality
 from inference import EngineConfig, LLMEngine
 from inference.models.llama import Linear
 from kernels import cpu_kernels
+from kernels.c_build import compiler
+from kernels.cpu_features import cpu_path
 from kernels.decode_stack import DecodeStack, StackLayer
 
-pytestmark = pytest.mark.skipif(
-    not cpu_kernels.available(), reason="needs the C kernels (AVX512-BF16 and a compiler)"
-)
+pytestmark = pytest.mark.skipif(compiler() is None, reason="needs a C compiler")
+
+# The step's dtypes this host's path runs: fp32 on every path, bf16 on avx512-bf16.
+BF16_HERE = cpu_path() == "avx512-bf16"
+STEP_DTYPES = ["float32", "bfloat16"] if BF16_HERE else ["float32"]
+# Weight dtypes each step reads: stored (quantized, bf16 in an fp32 step) or plain.
+STEP_WEIGHTS = {"bfloat16": ["int8", "int4", "bf16"], "float32": ["int8", "int4", "bf16", "fp32"]}
+CASES = [(d, w) for d in STEP_DTYPES for w in STEP_WEIGHTS[d]]
+needs_bf16 = pytest.mark.skipif(not BF16_HERE, reason="the bf16 step is avx512-bf16's")
 
 PROMPTS = [[5, 17, 300, 42], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23],
            [1000, 2000, 3000]]
@@ -25,10 +33,14 @@ def engine(model, tmp_path, weight_dtype="int8", dtype="bfloat16", **kw) -> LLME
                                   weight_dtype=weight_dtype, model_cache_dir=str(tmp_path), **kw))
 
 
-def test_the_step_is_built_only_in_bf16_with_weights_it_takes(tiny_model, tmp_path):
-    for weight_dtype in ("int8", "int4", "bf16"):
-        assert engine(tiny_model, tmp_path, weight_dtype).runner.model.decode_stack is not None
-    assert engine(tiny_model, tmp_path, "int8", dtype="float32").runner.model.decode_stack is None
+def test_the_step_is_built_in_the_dtypes_this_path_runs(tiny_model, tmp_path):
+    for dtype, weight_dtype in CASES:
+        eng = engine(tiny_model, tmp_path, weight_dtype, dtype=dtype)
+        assert eng.runner.model.decode_stack is not None, (dtype, weight_dtype)
+        assert eng.cpu_path == cpu_path()
+    if not BF16_HERE:  # bf16 activations take torch's ops off avx512-bf16
+        assert engine(tiny_model, tmp_path, "int8").runner.model.decode_stack is None
+        return
     # bf16 weights are kept plain beside their packed copies: widths of 64s only
     plain = engine(tiny_model, tmp_path, "bf16").runner.model.layers[0].mlp.down_proj
     assert plain.keeps_plain and plain.packed is not None and plain.weight.shape == (64, 128)
@@ -36,6 +48,7 @@ def test_the_step_is_built_only_in_bf16_with_weights_it_takes(tiny_model, tmp_pa
     assert not odd.takes_plain_rows() and not odd.keeps_plain
 
 
+@needs_bf16
 def test_a_tied_head_takes_a_few_rows_through_the_embedding_table_in_c(tiny_model, tmp_path):
     """A bf16 engine's tied head keeps the embedding table as its plain weight (no
     copy), and a few rows multiply it in C, as a quantized head's rows are multiplied;
@@ -73,29 +86,35 @@ def one_decode_step(eng: LLMEngine, use_stack: bool):
 
 
 @pytest.mark.parametrize("model_name", ["tiny_model", "tiny_qwen2"])
-@pytest.mark.parametrize("weight_dtype", ["int8", "int4", "bf16"])
+@pytest.mark.parametrize(("dtype", "weight_dtype"), CASES)
 def test_a_decode_step_computes_what_the_torch_forward_does(
-    request, tmp_path, model_name, weight_dtype
+    request, tmp_path, model_name, dtype, weight_dtype
 ):
-    eng = engine(request.getfixturevalue(model_name), tmp_path, weight_dtype)
+    eng = engine(request.getfixturevalue(model_name), tmp_path, weight_dtype, dtype=dtype)
     for i, p in enumerate(PROMPTS):
         eng.add_request(f"r{i}", p, quality.greedy(8))
     for _ in range(3):  # prefills, then decodes over several blocks of 4
         eng.step()
     h_stack, kv_stack = one_decode_step(eng, use_stack=True)
     h_torch, kv_torch = one_decode_step(eng, use_stack=False)
+    assert not torch.equal(kv_stack, eng.runner.kv_cache)  # the step stored its K/V
+    if dtype == "float32":
+        # The same ops in fp32, their sums in another order.
+        torch.testing.assert_close(kv_stack, kv_torch, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(h_stack, h_torch, rtol=1e-4, atol=1e-4)
+        return
     # Same ops with the same bf16 roundings: equal but for a rare last-bit difference
     # of silu's exp, which later layers carry on.
     assert (kv_stack != kv_torch).float().mean() < 0.01
-    assert not torch.equal(kv_stack, eng.runner.kv_cache)  # the step stored its K/V
     torch.testing.assert_close(h_stack.float(), h_torch.float(), rtol=0.02, atol=0.02)
 
 
-@pytest.mark.parametrize("weight_dtype", ["int4", "bf16"])
+@pytest.mark.parametrize(("dtype", "weight_dtype"),
+                         [c for c in CASES if c[1] in ("int4", "bf16")])
 def test_replies_are_the_torch_forwards_and_only_small_batches_take_the_step(
-    tiny_model, tmp_path, monkeypatch, weight_dtype
+    tiny_model, tmp_path, monkeypatch, dtype, weight_dtype
 ):
-    eng = engine(tiny_model, tmp_path, weight_dtype)
+    eng = engine(tiny_model, tmp_path, weight_dtype, dtype=dtype)
     stack = eng.runner.model.decode_stack
     calls = []
     original = DecodeStack.__call__
@@ -117,20 +136,23 @@ def test_replies_are_the_torch_forwards_and_only_small_batches_take_the_step(
     eng.runner.model.decode_stack = stack
 
 
-def test_bad_inputs_are_refused(tiny_model, tmp_path):
-    eng = engine(tiny_model, tmp_path, "int8")
+@pytest.mark.parametrize("dtype", STEP_DTYPES)
+def test_bad_inputs_are_refused(tiny_model, tmp_path, dtype):
+    eng = engine(tiny_model, tmp_path, "int8", dtype=dtype)
     stack = eng.runner.model.decode_stack
     kv = eng.runner.kv_cache
     hidden, head_dim = stack.hidden, stack.head_dim
-    x = torch.zeros(2, hidden, dtype=torch.bfloat16)
-    cos = torch.ones(2, head_dim, dtype=torch.bfloat16)
-    sin = torch.zeros(2, head_dim, dtype=torch.bfloat16)
+    step = getattr(torch, dtype)
+    other = torch.float32 if step == torch.bfloat16 else torch.bfloat16
+    x = torch.zeros(2, hidden, dtype=step)
+    cos = torch.ones(2, head_dim, dtype=step)
+    sin = torch.zeros(2, head_dim, dtype=step)
     slots = torch.tensor([0, 1])
     tables = torch.tensor([[0], [1]])
     lens = torch.tensor([1, 1])
     assert stack(x.clone(), cos, sin, slots, kv, tables, lens).shape == (2, hidden)
     bad = {
-        "x float32": (x.float(), cos, sin, slots, kv, tables, lens),
+        "x in another dtype": (x.to(other), cos, sin, slots, kv, tables, lens),
         "cos of other rows": (x, cos[:1], sin, slots, kv, tables, lens),
         "int32 slots": (x, cos, sin, slots.int(), kv, tables, lens),
         "slot past the cache": (x, cos, sin, torch.tensor([0, kv[0, 0].numel()]), kv, tables, lens),
@@ -138,9 +160,9 @@ def test_bad_inputs_are_refused(tiny_model, tmp_path):
         "table too short": (x, cos, sin, slots, kv, tables, torch.tensor([1, 5])),
         "negative block": (x, cos, sin, slots, kv, torch.tensor([[0], [-1]]), lens),
         "empty context": (x, cos, sin, slots, kv, tables, torch.tensor([1, 0])),
-        "nine rows": (torch.zeros(9, hidden, dtype=torch.bfloat16),) * 1
+        "nine rows": (torch.zeros(9, hidden, dtype=step),) * 1
         + (cos, sin, slots, kv, tables, lens),
-        "float cache": (x, cos, sin, slots, kv.float(), tables, lens),
+        "cache in another dtype": (x, cos, sin, slots, kv.to(other), tables, lens),
     }
     for name, args in bad.items():
         with pytest.raises(ValueError):
@@ -153,4 +175,4 @@ def test_bad_inputs_are_refused(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="o is"):
         DecodeStack([parts], eng.runner.model.norm.weight.data, 4, 2, head_dim, 1e-5)
     with pytest.raises(ValueError, match="heads"):
-        DecodeStack([parts], eng.runner.model.norm.weight.data, 4, 2, 24, 1e-5)
+        DecodeStack([parts], eng.runner.model.norm.weight.data, 4, 2, 20, 1e-5)

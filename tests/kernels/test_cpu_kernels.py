@@ -284,8 +284,8 @@ def test_the_library_is_built_once_per_source_and_reused(fresh_library, monkeypa
     assert cpu_kernels.available()
 
 
-def test_without_the_cpu_flags_nothing_is_compiled(fresh_library, monkeypatch):
-    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: frozenset({"avx2"}))
+def test_off_the_avx512_bf16_path_nothing_is_compiled(fresh_library, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "cpu_path", lambda: "avx2")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("compiled"))
     assert not cpu_kernels.available()
     with pytest.raises(RuntimeError, match="not available"):
@@ -293,9 +293,9 @@ def test_without_the_cpu_flags_nothing_is_compiled(fresh_library, monkeypatch):
 
 
 def test_a_failed_compile_falls_back_to_torch_with_a_warning(fresh_library, monkeypatch, caplog):
-    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: cpu_kernels.NEEDED_FLAGS)
+    monkeypatch.setattr(cpu_kernels, "cpu_path", lambda: "avx512-bf16")
     monkeypatch.setenv("CC", "false")
-    with caplog.at_level(logging.WARNING, logger="kernels.cpu_kernels"):
+    with caplog.at_level(logging.WARNING, logger="kernels.c_build"):
         assert not cpu_kernels.available()
     assert "keeping torch ops" in caplog.text
     assert list(fresh_library.iterdir()) == []  # no half-built library left behind
@@ -310,9 +310,9 @@ def test_a_failed_compile_falls_back_to_torch_with_a_warning(fresh_library, monk
 
 
 def test_no_compiler_means_no_kernel(fresh_library, monkeypatch, caplog):
-    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: cpu_kernels.NEEDED_FLAGS)
+    monkeypatch.setattr(cpu_kernels, "cpu_path", lambda: "avx512-bf16")
     monkeypatch.setattr(cpu_kernels, "compiler", lambda: None)
-    with caplog.at_level(logging.WARNING, logger="kernels.cpu_kernels"):
+    with caplog.at_level(logging.WARNING, logger="kernels.c_build"):
         assert not cpu_kernels.available()
     assert "no C compiler" in caplog.text
 

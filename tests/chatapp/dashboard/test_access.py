@@ -92,6 +92,24 @@ def test_readyz_is_ready_with_a_model_and_a_database(client, monkeypatch):
     assert response.status_code == 200 and response.json()["status"] == "ready"
 
 
+def test_readyz_says_which_kernel_path_and_dtypes_the_loaded_engine_took(client, monkeypatch):
+    from types import SimpleNamespace
+
+    from chatapp.generation import engine as host
+    from kernels.cpu_features import cpu_path
+
+    # Shaped like AsyncEngine: the kernel path is on the LLMEngine it wraps.
+    config = SimpleNamespace(dtype="float32", weight_dtype="int4")
+    stand_in = SimpleNamespace(config=config,
+                               engine=SimpleNamespace(config=config, cpu_path=cpu_path()))
+    monkeypatch.setattr(host, "_engine", stand_in)
+    response = client.get("/readyz")
+    assert response.status_code == 200
+    assert response.json()["checks"]["model"] == {
+        "ok": True, "detail": "loaded", "cpu_path": cpu_path(), "dtype": "float32",
+        "weight_dtype": "int4"}
+
+
 def test_readyz_checks_redis_where_configured(client, monkeypatch, settings):
     from chatapp.generation import engine as host
 

@@ -164,6 +164,53 @@ def test_the_worker_carries_out_a_requested_reset_at_its_next_sample(monkeypatch
 
 
 @pytest.mark.django_db
+def test_a_worker_reports_its_kernel_path_and_it_is_shown_and_exported(client, staff_client,
+                                                                     monkeypatch):
+    from types import SimpleNamespace
+
+    from chatapp.generation import engine as host
+    from kernels.cpu_features import cpu_path
+
+    # The worker's side: its sample carries the path its own process took.
+    config = SimpleNamespace(dtype="float32", weight_dtype="int4")
+    worker = SimpleNamespace(config=config, metrics=lambda: fake_snapshot("worker-1"),
+                             engine=SimpleNamespace(config=config, cpu_path=cpu_path()))
+    monkeypatch.setattr(host, "_engine", worker)
+    assert sampling.engine_sample_local() is True
+    monkeypatch.setattr(host, "_engine", None)
+    carried = EngineStatus.objects.get(engine_id="worker-1").snapshot
+    assert (carried["cpu_path"], carried["dtype"], carried["weight_dtype"]) == (
+        cpu_path(), "float32", "int4")
+    # Another worker on another CPU, and one that predates the field.
+    sampling.snapshot_record(snapshot=fake_snapshot(
+        "worker-2", cpu_path="neon", dtype="bfloat16", weight_dtype="int8"))
+    sampling.snapshot_record(snapshot=fake_snapshot("old-worker"))
+
+    rows = {e["engine_id"]: e for e in selectors.dashboard_figures()["engines"]}
+    assert (rows["worker-1"]["cpu_path"], rows["worker-1"]["weight_dtype"]) == (cpu_path(), "int4")
+    assert (rows["worker-2"]["cpu_path"], rows["worker-2"]["dtype"]) == ("neon", "bfloat16")
+    assert rows["old-worker"]["cpu_path"] is None
+
+    page = staff_client.get("/admin/cache/").content.decode()
+    assert (f'id="engine-worker-1-cpu-path" data-value="{cpu_path()}">{cpu_path()}</span>'
+            " (float32 activations, int4 weights)") in page
+    assert 'id="engine-worker-2-cpu-path" data-value="neon"' in page
+    assert 'id="engine-old-worker-cpu-path"' not in page
+
+    text = client.get("/metrics").content.decode()
+    (family,) = [f for f in text_string_to_metric_families(text)
+                 if f.name == "prefixchat:engine_info"]
+    assert {s.labels["engine"]: (s.labels, s.value) for s in family.samples} == {
+        "worker-1": ({"engine": "worker-1", "model": "fake-model", "cpu_path": cpu_path(),
+                      "dtype": "float32", "weight_dtype": "int4"}, 1.0),
+        "worker-2": ({"engine": "worker-2", "model": "fake-model", "cpu_path": "neon",
+                      "dtype": "bfloat16", "weight_dtype": "int8"}, 1.0),
+        "old-worker": ({"engine": "old-worker", "model": "fake-model", "cpu_path": "",
+                        "dtype": "", "weight_dtype": ""}, 1.0),
+    }
+
+
+@pytest.mark.django_db
 def test_a_failing_sample_never_raises(monkeypatch):
     class BrokenEngine:
         def metrics(self):

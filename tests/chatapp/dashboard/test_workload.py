@@ -158,6 +158,34 @@ def test_metrics_endpoint_has_the_cache_counters(workload, client):
     assert p + "http_requests" in families  # the web service's own request metrics
 
 
+def test_the_kernel_path_is_on_readyz_metrics_and_the_dashboard(workload, client, staff_client):
+    """The path this process took (kernels.cpu_features), with the engine's dtypes."""
+    from kernels.cpu_features import cpu_path
+
+    engine = workload["engine"]
+    engine_id = engine.metrics()["engine_id"]
+    # On a GPU the path is the device type, not a CPU path.
+    device = engine.config.device.split(":")[0]
+    path = cpu_path() if device == "cpu" else device
+    want = {"cpu_path": path, "dtype": engine.config.dtype,
+            "weight_dtype": engine.config.weight_dtype}
+    assert want["weight_dtype"] != "auto"  # resolved when the engine was built
+
+    model = client.get("/readyz").json()["checks"]["model"]
+    assert {key: model[key] for key in want} == want
+
+    text = client.get("/metrics").content.decode()
+    (family,) = [f for f in text_string_to_metric_families(text)
+                 if f.name == "prefixchat:engine_info"]
+    (sample,) = [s for s in family.samples if s.labels["engine"] == engine_id]
+    assert {key: sample.labels[key] for key in want} == want and sample.value == 1
+
+    data = staff_client.get("/admin/cache/data/").json()
+    (web,) = [e for e in data["figures"]["engines"] if e["engine_id"] == engine_id]
+    assert {key: web[key] for key in want} == want
+    assert f'data-value="{path}">{path}</span>' in data["html"]
+
+
 def test_profile_of_recent_prompts_is_on_the_page(workload, staff_client):
     page = staff_client.get("/admin/cache/").content.decode()
     assert "Token profile of recent prompts" in page

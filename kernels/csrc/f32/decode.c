@@ -1,0 +1,277 @@
+/* Decode in fp32: attention of one new token per sequence over the paged KV cache,
+   and a whole decode step of a Llama-family model in one call, as the torch
+   forward of inference/models/llama.py computes it in fp32 (the same ops in the
+   same order; sums in another order). One parallel region runs the step: the
+   threads share each matmul and each attention, and one of them does the small
+   per-row ops between them while the others wait at the barrier. */
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "../stack.h"
+#include "f32.h"
+#include "simd.h"
+
+#define MAX_CHUNKS 32 /* head_dim up to 256, in 8-lane chunks */
+
+/* Softmax in place over n scores; returns 1 / their sum of exponentials. */
+static float softmax_unnormalised(float *s, int64_t n) {
+    f8 vm = splat(-INFINITY);
+    int64_t t = 0;
+    for (; t + LANES <= n; t += LANES) vm = vmax(vm, load8(s + t));
+    float mx = hmax(vm);
+    for (; t < n; t++) mx = s[t] > mx ? s[t] : mx;
+    f8 vs = splat(0.0f);
+    for (t = 0; t + LANES <= n; t += LANES) {
+        const f8 e = exp8(load8(s + t) - splat(mx));
+        store8(s + t, e);
+        vs += e;
+    }
+    float sum = hsum(vs);
+    for (; t < n; t++) {
+        s[t] = expf(s[t] - mx);
+        sum += s[t];
+    }
+    return 1.0f / sum;
+}
+
+/* The `group` query heads that share KV head kv_head, over len cached tokens read in
+   place through table; chunks = head_dim / 8, a constant at the call sites so the
+   loops over it unroll. */
+static ALWAYS_INLINE void attend(const float *q, const float *k_cache, const float *v_cache,
+                                 const int64_t *table, int64_t len, float *out, int64_t group,
+                                 int64_t kv_heads, int64_t kv_head, int64_t block_size,
+                                 float scale, float *scores, const int chunks) {
+    const int64_t head_dim = (int64_t)chunks * LANES;
+    const int64_t token_stride = kv_heads * head_dim, block_stride = block_size * token_stride;
+    for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+        const int64_t base = table[t0 / block_size] * block_stride + kv_head * head_dim;
+        const int64_t n = len - t0 < block_size ? len - t0 : block_size;
+        for (int64_t off = 0; off < n; off++) {
+            const float *k = k_cache + base + off * token_stride;
+            f8 kv[MAX_CHUNKS];
+            for (int c = 0; c < chunks; c++) kv[c] = load8(k + LANES * c);
+            for (int64_t g = 0; g < group; g++) {
+                f8 acc = splat(0.0f);
+                for (int c = 0; c < chunks; c++) acc += load8(q + g * head_dim + LANES * c) * kv[c];
+                scores[g * len + t0 + off] = hsum(acc) * scale;
+            }
+        }
+    }
+    float inv[64];
+    for (int64_t g = 0; g < group; g++) {
+        inv[g] = softmax_unnormalised(scores + g * len, len);
+        for (int64_t i = 0; i < head_dim; i++) out[g * head_dim + i] = 0.0f;
+    }
+    for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+        const int64_t base = table[t0 / block_size] * block_stride + kv_head * head_dim;
+        const int64_t n = len - t0 < block_size ? len - t0 : block_size;
+        for (int64_t off = 0; off < n; off++) {
+            const float *v = v_cache + base + off * token_stride;
+            f8 vv[MAX_CHUNKS];
+            for (int c = 0; c < chunks; c++) vv[c] = load8(v + LANES * c);
+            for (int64_t g = 0; g < group; g++) {
+                const f8 p = splat(scores[g * len + t0 + off]);
+                float *o = out + g * head_dim;
+                for (int c = 0; c < chunks; c++) store8(o + LANES * c, load8(o + LANES * c) + p * vv[c]);
+            }
+        }
+    }
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t i = 0; i < head_dim; i++) out[g * head_dim + i] *= inv[g];
+}
+
+int64_t f32_attention_floats(const int64_t *lens, int64_t batch, int64_t heads,
+                             int64_t kv_heads, int64_t head_dim) {
+    (void)head_dim;
+    int64_t longest = 1;
+    for (int64_t b = 0; b < batch; b++) longest = lens[b] > longest ? lens[b] : longest;
+    return heads / kv_heads * longest;
+}
+
+void f32_attention_tasks(const float *query, const float *k_cache, const float *v_cache,
+                         const int64_t *tables, int64_t table_stride, const int64_t *lens,
+                         float *out, int64_t batch, int64_t heads, int64_t kv_heads,
+                         int64_t head_dim, int64_t block_size, float scale, float *scores) {
+    const int64_t group = heads / kv_heads;
+    const int chunks = (int)(head_dim / LANES);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < batch * kv_heads; task++) {
+        if (!scores) continue;
+        const int64_t b = task / kv_heads, h = task % kv_heads;
+        const float *q = query + (b * heads + h * group) * head_dim;
+        float *o = out + (b * heads + h * group) * head_dim;
+        const int64_t *table = tables + b * table_stride;
+#define ATTEND(C) attend(q, k_cache, v_cache, table, lens[b], o, group, kv_heads, h, block_size, scale, scores, C)
+        switch (chunks) {
+        case 2: ATTEND(2); break;
+        case 4: ATTEND(4); break;
+        case 8: ATTEND(8); break;
+        case 16: ATTEND(16); break;
+        case 32: ATTEND(32); break;
+        default: ATTEND(chunks); break;
+        }
+#undef ATTEND
+    }
+}
+
+static int attention_shape_ok(int64_t heads, int64_t kv_heads, int64_t head_dim) {
+    return kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 64 && head_dim % LANES == 0
+           && head_dim > 0 && head_dim <= LANES * MAX_CHUNKS;
+}
+
+/* query and out [batch, heads, head_dim]; caches [blocks, block_size, kv_heads,
+   head_dim]; tables [batch, >= ceil(lens / block_size)] rows table_stride apart.
+   Returns 0, 1 for no memory, 2 for a bad shape. */
+int f32_paged_decode_attention(const float *query, const float *k_cache, const float *v_cache,
+                               const int64_t *tables, int64_t table_stride, const int64_t *lens,
+                               float *out, int64_t batch, int64_t heads, int64_t kv_heads,
+                               int64_t head_dim, int64_t block_size, float scale, int threads) {
+    if (!attention_shape_ok(heads, kv_heads, head_dim)) return 2;
+    const int64_t floats = f32_attention_floats(lens, batch, heads, kv_heads, head_dim);
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *scores = malloc((size_t)floats * sizeof(float));
+        if (!scores) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        f32_attention_tasks(query, k_cache, v_cache, tables, table_stride, lens, out, batch, heads,
+                            kv_heads, head_dim, block_size, scale, scores);
+        free(scores);
+    }
+    return failed;
+}
+
+/* weight * (x / rms(x)), as torch's weight * F.rms_norm(x) in fp32; out zero-padded
+   to pad columns (the next matmul's width). */
+static void rms_norm_row(const float *x, const float *w, float *out, int64_t dim, int64_t pad,
+                         float eps) {
+    f8 acc = splat(0.0f);
+    int64_t c = 0;
+    for (; c + LANES <= dim; c += LANES) acc += load8(x + c) * load8(x + c);
+    float ss = hsum(acc);
+    for (; c < dim; c++) ss += x[c] * x[c];
+    const float r = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (c = 0; c < dim; c++) out[c] = w[c] * (x[c] * r);
+    for (; c < pad; c++) out[c] = 0.0f;
+}
+
+void f32_rms_norm(const float *x, const float *w, float *out, int64_t rows, int64_t dim,
+                  float eps) {
+    for (int64_t r = 0; r < rows; r++) rms_norm_row(x + r * dim, w, out + r * dim, dim, dim, eps);
+}
+
+/* x * cos + roll(x, D/2) * signed_sin on n heads of one row, in place. */
+static void rotate(float *x, const float *cos, const float *sin, int64_t n, int64_t head_dim) {
+    float head[256];
+    const int64_t half = head_dim / 2;
+    for (int64_t h = 0; h < n; h++) {
+        float *p = x + h * head_dim;
+        memcpy(head, p, (size_t)head_dim * sizeof(float));
+        for (int64_t c = 0; c < head_dim; c++) p[c] = head[c] * cos[c] + head[(c + half) % head_dim] * sin[c];
+    }
+}
+
+static void matmul(const stack_matmul *w, const float *act, int64_t rows, float *y) {
+    f32_matmul_tiles((int)w->kind, act, rows, w->in_pad, w->data, w->scale, w->out, y);
+    if (w->bias) {
+        const float *b = w->bias;
+#pragma omp single
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < w->out; i++) y[r * w->out + i] += b[i];
+    }
+}
+
+/* The fp32 counterpart of decode_stack (csrc/decode_stack.c), same arguments. */
+int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *cos,
+                     const float *sin, const int64_t *slots, float *kv, int64_t num_blocks,
+                     const int64_t *tables, int64_t table_stride, const int64_t *lens, float *out,
+                     int threads) {
+    const int64_t hidden = m->hidden, hd = m->head_dim, heads = m->heads;
+    const int64_t kv_heads = m->kv_heads, inter = m->inter;
+    if (rows < 1 || rows > F32_MAX_ROWS || !attention_shape_ok(heads, kv_heads, hd) || m->layers < 1)
+        return 2;
+    const int64_t q_size = heads * hd, kv_size = kv_heads * hd, qkv_out = q_size + 2 * kv_size;
+    const int64_t token = kv_size, layer_stride = num_blocks * m->block_size * token;
+    int64_t in_pad = 0, width = 0;
+    for (int64_t l = 0; l < m->layers; l++) {
+        const stack_matmul *ws[4] = {&m->layer[l].qkv, &m->layer[l].o, &m->layer[l].gate_up,
+                                     &m->layer[l].down};
+        for (int i = 0; i < 4; i++) {
+            in_pad = ws[i]->in_pad > in_pad ? ws[i]->in_pad : in_pad;
+            width = ws[i]->out > width ? ws[i]->out : width;
+        }
+    }
+    if (m->layer[0].qkv.out != qkv_out || m->layer[0].gate_up.out != 2 * inter) return 2;
+    float *buf = malloc((size_t)(rows * (in_pad + width + 2 * q_size)) * sizeof(float));
+    if (!buf) return 1;
+    float *act = buf, *y = act + rows * in_pad, *q = y + rows * width, *attn = q + rows * q_size;
+    const int64_t floats = f32_attention_floats(lens, rows, heads, kv_heads, hd);
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *scores = malloc((size_t)floats * sizeof(float));
+        if (!scores) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        for (int64_t l = 0; l < m->layers; l++) {
+            const stack_layer *L = &m->layer[l];
+            float *k_cache = kv + l * layer_stride;
+            float *v_cache = kv + (m->layers + l) * layer_stride;
+#pragma omp single
+            for (int64_t r = 0; r < rows; r++)
+                rms_norm_row(x + r * hidden, L->input_norm, act + r * L->qkv.in_pad, hidden,
+                             L->qkv.in_pad, m->eps);
+            matmul(&L->qkv, act, rows, y);
+#pragma omp single
+            for (int64_t r = 0; r < rows; r++) {
+                float *row = y + r * qkv_out;
+                rotate(row, cos + r * hd, sin + r * hd, heads + kv_heads, hd);
+                memcpy(q + r * q_size, row, (size_t)q_size * sizeof(float));
+                if (slots[r] >= 0) {
+                    memcpy(k_cache + slots[r] * token, row + q_size, (size_t)kv_size * sizeof(float));
+                    memcpy(v_cache + slots[r] * token, row + q_size + kv_size,
+                           (size_t)kv_size * sizeof(float));
+                }
+            }
+            f32_attention_tasks(q, k_cache, v_cache, tables, table_stride, lens, attn, rows, heads,
+                                kv_heads, hd, m->block_size, m->scale, scores);
+#pragma omp single
+            f32_pad_rows(act, attn, rows, q_size, L->o.in_pad);
+            matmul(&L->o, act, rows, y);
+#pragma omp single
+            for (int64_t r = 0; r < rows; r++) {
+                float *xr = x + r * hidden;
+                for (int64_t i = 0; i < hidden; i++) xr[i] += y[r * hidden + i];
+                rms_norm_row(xr, L->post_norm, act + r * L->gate_up.in_pad, hidden,
+                             L->gate_up.in_pad, m->eps);
+            }
+            matmul(&L->gate_up, act, rows, y);
+#pragma omp single
+            for (int64_t r = 0; r < rows; r++) {
+                const float *g = y + r * 2 * inter, *u = g + inter;
+                float *a = act + r * L->down.in_pad;
+                int64_t i = 0;
+                for (; i + LANES <= inter; i += LANES) {
+                    const f8 gv = load8(g + i);
+                    store8(a + i, gv / (splat(1.0f) + exp8(-gv)) * load8(u + i));
+                }
+                for (; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+                for (; i < L->down.in_pad; i++) a[i] = 0.0f;
+            }
+            matmul(&L->down, act, rows, y);
+#pragma omp single
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t i = 0; i < hidden; i++) x[r * hidden + i] += y[r * hidden + i];
+        }
+#pragma omp single
+        for (int64_t r = 0; r < rows; r++)
+            rms_norm_row(x + r * hidden, m->norm, out + r * hidden, hidden, hidden, m->eps);
+        free(scores);
+    }
+    free(buf);
+    return failed;
+}

@@ -1,0 +1,33 @@
+/* The fp32 kernels' pieces that the decode step (decode.c) calls from inside its
+   own parallel region: each loop is an orphaned `omp for`, shared among the
+   region's threads (a barrier at its end), or serial outside one. */
+#ifndef PREFIXCHAT_F32_H
+#define PREFIXCHAT_F32_H
+
+#include <stdint.h>
+
+/* Weight kinds: the quantized ones as kernels/quant_layout.py stores them (rows
+   padded to in_pad, a multiple of 64), bf16 [out, in_pad] widened in registers, and
+   plain fp32 [out, in_pad]. The same numbers as csrc/kernels.h where both have one. */
+enum { F32_INT8 = 0, F32_INT4 = 1, F32_BF16 = 2, F32_UINT8 = 3, F32_PLAIN = 4 };
+#define F32_MAX_ROWS 8
+
+/* y[rows, out] (+)= x W^T for fp32 rows x [rows, in_pad] (zeros past the real
+   width) and a weight of `kind`; shared loop over tiles of output columns. */
+void f32_matmul_tiles(int kind, const float *x, int64_t rows, int64_t in_pad, const void *w,
+                      const uint16_t *w_scale, int64_t out, float *y);
+
+/* rows of x [rows, in] copied to act [rows, in_pad], zero-padded. */
+void f32_pad_rows(float *act, const float *x, int64_t rows, int64_t in, int64_t in_pad);
+
+/* Decode attention of batch x kv_heads tasks over fp32 caches [blocks, block_size,
+   kv_heads, head_dim]; shared loop. scores: the thread's buffer of
+   f32_attention_floats floats, or NULL (that thread's tasks are skipped). */
+int64_t f32_attention_floats(const int64_t *lens, int64_t batch, int64_t heads,
+                             int64_t kv_heads, int64_t head_dim);
+void f32_attention_tasks(const float *query, const float *k_cache, const float *v_cache,
+                         const int64_t *tables, int64_t table_stride, const int64_t *lens,
+                         float *out, int64_t batch, int64_t heads, int64_t kv_heads,
+                         int64_t head_dim, int64_t block_size, float scale, float *scores);
+
+#endif

@@ -1,0 +1,221 @@
+/* Matmuls of a few fp32 rows against weights kept at their stored size: int8
+   (Q8_0's grid), uint8 (Q4_1's grid cut in 16), int4 (Q4_1), bf16 or fp32 (the
+   layouts of kernels/quant_layout.py). Each weight is widened to fp32 in registers
+   (q * d, q * step + offset, q * d + m: one rounding, as torch's dequantize gives
+   it; bf16 exactly) and multiplied with fp32 sums. Decoding is bound by reading the
+   weights, which this reads at their stored size; and many-row matmuls take the
+   dequantizers below, a tile at a time, then a GEMM. */
+
+#include <stdlib.h>
+
+#include "f32.h"
+#include "simd.h"
+
+#define MAX_ROWS F32_MAX_ROWS
+#define TILE 16
+/* One or two rows keep four sums each so that the adds of a chain overlap. */
+#define CHAINS(R) ((R) <= 2 ? 4 : 1)
+
+static ALWAYS_INLINE void zero_sums(f8 acc[MAX_ROWS][4], const int R) {
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = splat(0.0f);
+}
+
+static ALWAYS_INLINE void sum_rows(f8 acc[MAX_ROWS][4], const int R, float *res) {
+    for (int r = 0; r < R; r++) {
+        f8 t = acc[r][0];
+        for (int j = 1; j < CHAINS(R); j++) t += acc[r][j];
+        res[r] = hsum(t);
+    }
+}
+
+/* acc[r] += w . x[r][k .. k + 8], chain j. */
+static ALWAYS_INLINE void fma_rows(f8 acc[MAX_ROWS][4], f8 w, const float *x, int64_t in_pad,
+                                   int64_t k, int j, const int R) {
+    for (int r = 0; r < R; r++) acc[r][j % CHAINS(R)] += w * load8(x + r * in_pad + k);
+}
+
+/* int4: each 64-column chunk packs column j in byte j's low nibble and 32 + j in
+   its high one; (d, m) fp16 pairs per group of 32. */
+static ALWAYS_INLINE void dot_int4(const uint8_t *w, const uint16_t *ws, const float *x,
+                                   int64_t in_pad, const int R, float *res) {
+    f8 acc[MAX_ROWS][4];
+    zero_sums(acc, R);
+    for (int64_t k = 0; k < in_pad; k += 64) {
+        if (!(k & 64)) prefetch_ahead(w + k / 2);
+        const uint16_t *g = ws + k / 16;
+        const f8 d0 = splat(half_to_float(g[0])), m0 = splat(half_to_float(g[1]));
+        const f8 d1 = splat(half_to_float(g[2])), m1 = splat(half_to_float(g[3]));
+        for (int j = 0; j < 4; j++) {
+            f8 lo, hi;
+            nibbles_to_f8(w + k / 2 + 8 * j, &lo, &hi);
+            fma_rows(acc, lo * d0 + m0, x, in_pad, k + 8 * j, j, R);
+            fma_rows(acc, hi * d1 + m1, x, in_pad, k + 32 + 8 * j, j + 1, R);
+        }
+    }
+    sum_rows(acc, R, res);
+}
+
+/* int8: q * d per group of 32; uint8 (offset): q * step + (m - 8 step), step = d / 16. */
+static ALWAYS_INLINE void dot_bytes(const void *w, const uint16_t *ws, const float *x,
+                                    int64_t in_pad, const int R, const int offset, float *res) {
+    f8 acc[MAX_ROWS][4];
+    zero_sums(acc, R);
+    for (int64_t k = 0; k < in_pad; k += 32) {
+        prefetch_ahead((const uint8_t *)w + k);
+        f8 scale, shift = splat(0.0f);
+        if (offset) {
+            const float step = half_to_float(ws[k / 16]) * (1.0f / 16.0f);
+            scale = splat(step);
+            shift = splat(half_to_float(ws[k / 16 + 1]) - 8.0f * step);
+        } else {
+            scale = splat(half_to_float(ws[k / 32]));
+        }
+        for (int j = 0; j < 4; j++) {
+            const int64_t c = k + 8 * j;
+            const f8 q = offset ? u8_to_f8((const uint8_t *)w + c) : s8_to_f8((const int8_t *)w + c);
+            fma_rows(acc, offset ? q * scale + shift : q * scale, x, in_pad, c, j, R);
+        }
+    }
+    sum_rows(acc, R, res);
+}
+
+static ALWAYS_INLINE void dot_bf16(const uint16_t *w, const float *x, int64_t in_pad,
+                                   const int R, float *res) {
+    f8 acc[MAX_ROWS][4];
+    zero_sums(acc, R);
+    for (int64_t k = 0; k < in_pad; k += 32) {
+        prefetch_ahead(w + k);
+        for (int j = 0; j < 4; j++) fma_rows(acc, bf16_to_f8(w + k + 8 * j), x, in_pad, k + 8 * j, j, R);
+    }
+    sum_rows(acc, R, res);
+}
+
+static ALWAYS_INLINE void dot_plain(const float *w, const float *x, int64_t in_pad,
+                                    const int R, float *res) {
+    f8 acc[MAX_ROWS][4];
+    zero_sums(acc, R);
+    for (int64_t k = 0; k < in_pad; k += 32) {
+        prefetch_ahead(w + k);
+        prefetch_ahead(w + k + 16);
+        for (int j = 0; j < 4; j++) fma_rows(acc, load8(w + k + 8 * j), x, in_pad, k + 8 * j, j, R);
+    }
+    sum_rows(acc, R, res);
+}
+
+#define ROW_SWITCH(DOT_CALL)                                                              \
+    switch (rows) {                                                                       \
+    case 1: DOT_CALL(1); break;                                                           \
+    case 2: DOT_CALL(2); break;                                                           \
+    case 3: DOT_CALL(3); break;                                                           \
+    case 4: DOT_CALL(4); break;                                                           \
+    case 5: DOT_CALL(5); break;                                                           \
+    case 6: DOT_CALL(6); break;                                                           \
+    case 7: DOT_CALL(7); break;                                                           \
+    default: DOT_CALL(8); break;                                                          \
+    }
+
+#define TILE_LOOP(DOT_CALL)                                                               \
+    _Pragma("omp for schedule(static)") for (int64_t t = 0; t < tiles; t++) {             \
+        const int64_t end = (t + 1) * TILE < out ? (t + 1) * TILE : out;                  \
+        for (int64_t o = t * TILE; o < end; o++) {                                        \
+            float res[MAX_ROWS];                                                          \
+            ROW_SWITCH(DOT_CALL)                                                          \
+            for (int64_t r = 0; r < rows; r++) y[r * out + o] = res[r];                   \
+        }                                                                                 \
+    }
+
+void f32_matmul_tiles(int kind, const float *x, int64_t rows, int64_t in_pad, const void *w,
+                      const uint16_t *w_scale, int64_t out, float *y) {
+    const int64_t tiles = (out + TILE - 1) / TILE;
+    const uint8_t *wb = w;
+#define DOT8(R) dot_bytes(wb + o * in_pad, w_scale + o * in_pad / 32, x, in_pad, R, 0, res)
+#define DOTU8(R) dot_bytes(wb + o * in_pad, w_scale + o * in_pad / 16, x, in_pad, R, 1, res)
+#define DOT4(R) dot_int4(wb + o * in_pad / 2, w_scale + o * in_pad / 16, x, in_pad, R, res)
+#define DOTB(R) dot_bf16((const uint16_t *)w + o * in_pad, x, in_pad, R, res)
+#define DOTF(R) dot_plain((const float *)w + o * in_pad, x, in_pad, R, res)
+    if (kind == F32_INT8)
+        TILE_LOOP(DOT8)
+    else if (kind == F32_UINT8)
+        TILE_LOOP(DOTU8)
+    else if (kind == F32_INT4)
+        TILE_LOOP(DOT4)
+    else if (kind == F32_BF16)
+        TILE_LOOP(DOTB)
+    else
+        TILE_LOOP(DOTF)
+#undef DOT8
+#undef DOTU8
+#undef DOT4
+#undef DOTB
+#undef DOTF
+}
+
+void f32_pad_rows(float *act, const float *x, int64_t rows, int64_t in, int64_t in_pad) {
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(act + r * in_pad, x + r * in, (size_t)in * sizeof(float));
+        memset(act + r * in_pad + in, 0, (size_t)(in_pad - in) * sizeof(float));
+    }
+}
+
+static int valid_kind(int kind) { return kind >= F32_INT8 && kind <= F32_PLAIN; }
+
+/* y[rows, out] = x[rows, in] W^T; rows 1..8. Returns 0, 1 for no memory, 2 for a bad
+   shape or kind. */
+int f32_linear(int kind, const float *x, int64_t rows, int64_t in, int64_t in_pad,
+               const void *w, const uint16_t *w_scale, int64_t out, float *y, int threads) {
+    if (rows < 1 || rows > MAX_ROWS || in_pad % 64 || in > in_pad || !valid_kind(kind)) return 2;
+    float *act = malloc((size_t)(rows * in_pad) * sizeof(float));
+    if (!act) return 1;
+    f32_pad_rows(act, x, rows, in, in_pad);
+    /* A thread wake-up costs more than a small matrix's work. */
+#pragma omp parallel num_threads(threads) if (out * in_pad >= 65536)
+    f32_matmul_tiles(kind, act, rows, in_pad, w, w_scale, out, y);
+    free(act);
+    return 0;
+}
+
+/* W as fp32 [out, in] (the padding dropped), for many-row matmuls. */
+int f32_dequant(int kind, const void *w, const uint16_t *w_scale, int64_t out, int64_t in,
+                int64_t in_pad, float *dst, int threads) {
+    if (in_pad % 64 || in > in_pad || !valid_kind(kind)) return 2;
+#pragma omp parallel for schedule(static) num_threads(threads) if (out * in >= 65536)
+    for (int64_t o = 0; o < out; o++) {
+        float row[64];
+        for (int64_t k = 0; k < in; k += 64) {
+            if (kind == F32_INT4) {
+                const uint8_t *b = (const uint8_t *)w + o * in_pad / 2 + k / 2;
+                const uint16_t *g = w_scale + o * in_pad / 16 + k / 16;
+                const float d0 = half_to_float(g[0]), m0 = half_to_float(g[1]);
+                const float d1 = half_to_float(g[2]), m1 = half_to_float(g[3]);
+                for (int j = 0; j < 32; j++) {
+                    row[j] = (float)(b[j] & 0x0F) * d0 + m0;
+                    row[32 + j] = (float)(b[j] >> 4) * d1 + m1;
+                }
+            } else if (kind == F32_INT8) {
+                const int8_t *q = (const int8_t *)w + o * in_pad + k;
+                const uint16_t *s = w_scale + o * in_pad / 32 + k / 32;
+                for (int j = 0; j < 64; j++) row[j] = (float)q[j] * half_to_float(s[j / 32]);
+            } else if (kind == F32_UINT8) {
+                const uint8_t *q = (const uint8_t *)w + o * in_pad + k;
+                const uint16_t *s = w_scale + o * in_pad / 16 + k / 16;
+                for (int h = 0; h < 2; h++) {
+                    const float step = half_to_float(s[2 * h]) * (1.0f / 16.0f);
+                    const float shift = half_to_float(s[2 * h + 1]) - 8.0f * step;
+                    for (int j = 32 * h; j < 32 * h + 32; j++) row[j] = (float)q[j] * step + shift;
+                }
+            } else if (kind == F32_BF16) {
+                const uint16_t *b = (const uint16_t *)w + o * in_pad + k;
+                for (int j = 0; j < 64; j++) {
+                    const uint32_t u = (uint32_t)b[j] << 16;
+                    memcpy(row + j, &u, sizeof(float));
+                }
+            } else {
+                memcpy(row, (const float *)w + o * in_pad + k, sizeof row);
+            }
+            const int64_t n = in - k < 64 ? in - k : 64;
+            memcpy(dst + o * in + k, row, (size_t)n * sizeof(float));
+        }
+    }
+    return 0;
+}

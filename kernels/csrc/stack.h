@@ -1,0 +1,29 @@
+/* A Llama-family model's weights as the fused decode steps read them
+   (decode_stack.c in bf16, f32/decode.c in fp32); kernels/decode_stack.py fills
+   the same structs with ctypes. Vectors (norms, biases) are in the step's dtype. */
+#ifndef PREFIXCHAT_STACK_H
+#define PREFIXCHAT_STACK_H
+
+#include <stdint.h>
+
+typedef struct {
+    int64_t kind; /* a weight kind of kernels.h (bf16 step) or f32/f32.h (fp32 step) */
+    const void *data;
+    const uint16_t *scale;
+    const void *bias; /* [out], or NULL */
+    int64_t in, in_pad, out;
+} stack_matmul;
+
+typedef struct {
+    const void *input_norm, *post_norm; /* [hidden] */
+    stack_matmul qkv, o, gate_up, down;
+} stack_layer;
+
+typedef struct {
+    int64_t layers, hidden, heads, kv_heads, head_dim, inter, block_size;
+    float eps, scale;
+    const stack_layer *layer;
+    const void *norm; /* the final norm's weight */
+} stack_model;
+
+#endif

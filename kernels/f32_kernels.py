@@ -1,0 +1,171 @@
+"""The fp32 C kernels (csrc/f32/): matmuls of a few fp32 rows against weights kept
+at their stored size (int8, uint8, int4, bf16 or fp32), their dequantizers, decode
+attention over an fp32 paged cache, and the whole fp32 decode step
+(kernels.decode_stack).
+
+One portable source, built once per path (kernels.cpu_features): with AVX2, FMA and
+F16C on the avx2 path (and on avx512-bf16 hosts, for an fp32 engine), with the
+compiler's defaults elsewhere (NEON on ARM64, SSE2 on other x86-64). Loaded with
+ctypes; `available()` is False without a compiler, and callers keep torch's ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from kernels import c_build, quant_layout
+from kernels.c_build import compiler
+from kernels.cpu_features import AVX2_FLAGS, cpu_flags, cpu_path
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = (CSRC / "f32" / "linear.c", CSRC / "f32" / "decode.c")
+HEADERS = (CSRC / "f32" / "simd.h", CSRC / "f32" / "f32.h", CSRC / "stack.h")
+BASE_FLAGS = ("-O3", "-fopenmp", "-Wno-psabi")
+AVX2_CFLAGS = ("-mavx2", "-mfma", "-mf16c")
+MAX_ROWS = 8
+# The C weight kinds (csrc/f32/f32.h).
+KINDS = {"int8": 0, "int4": 1, "bf16": 2, "uint8": 3, "fp32": 4}
+
+
+def cflags() -> tuple[str, ...]:
+    """AVX2 instructions where this path has them; the compiler's defaults elsewhere."""
+    if cpu_path() in ("avx512-bf16", "avx2") and cpu_flags() >= AVX2_FLAGS:
+        return BASE_FLAGS + AVX2_CFLAGS
+    return BASE_FLAGS
+
+
+def build(cc: list[str], dest_dir: Path) -> Path:
+    return c_build.build("f32_kernels", cc, dest_dir, SOURCES, HEADERS, cflags())
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    lib = c_build.load("f32_kernels", SOURCES, HEADERS, cflags(), compiler())
+    if lib is None:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.f32_linear.argtypes = (ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, i64, ptr, ctypes.c_int)
+    lib.f32_linear.restype = ctypes.c_int
+    lib.f32_dequant.argtypes = (ctypes.c_int, ptr, ptr, i64, i64, i64, ptr, ctypes.c_int)
+    lib.f32_dequant.restype = ctypes.c_int
+    lib.f32_paged_decode_attention.argtypes = (
+        (ptr,) * 4 + (i64, ptr, ptr) + (i64,) * 5 + (ctypes.c_float, ctypes.c_int)
+    )
+    lib.f32_paged_decode_attention.restype = ctypes.c_int
+    lib.f32_decode_stack.argtypes = (
+        (ptr, ptr, i64) + (ptr,) * 4 + (i64, ptr, i64, ptr, ptr) + (ctypes.c_int,)
+    )
+    lib.f32_decode_stack.restype = ctypes.c_int
+    return lib
+
+
+def available() -> bool:
+    """True where the fp32 kernels run here (a C compiler)."""
+    return _library() is not None
+
+
+def loaded() -> ctypes.CDLL:
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the compiled fp32 CPU kernels are not available on this machine")
+    return lib
+
+
+def _f32_cpu(*tensors: torch.Tensor) -> bool:
+    return all(t.is_cpu and t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+
+
+def _check_weight(kind: str, data: torch.Tensor, scale: torch.Tensor | None, in_features: int) -> int:
+    """The weight's padded width; ValueError unless it is `kind` as stored."""
+    if kind == "fp32":
+        if data.dtype != torch.float32 or data.dim() != 2 or data.shape[1] != quant_layout.padded(
+                in_features):
+            raise ValueError("expected an fp32 weight padded to a multiple of 64 columns")
+        in_pad = data.shape[1]
+    else:
+        in_pad = quant_layout.check(kind, data, scale, in_features)
+    if not (data.is_cpu and data.is_contiguous()) or (
+            scale is not None and not (scale.is_cpu and scale.is_contiguous())):
+        raise ValueError("expected contiguous CPU weight tensors")
+    return in_pad
+
+
+def _scale_ptr(scale: torch.Tensor | None) -> int | None:
+    return None if scale is None or scale.numel() == 0 else scale.data_ptr()
+
+
+def runs_linear(x: torch.Tensor) -> bool:
+    """True where linear takes x: 1..MAX_ROWS contiguous fp32 CPU rows, and the kernels here."""
+    return x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and _f32_cpu(x) and available()
+
+
+def linear(x: torch.Tensor, kind: str, data: torch.Tensor, scale: torch.Tensor | None,
+           in_features: int) -> torch.Tensor:
+    """x [rows <= 8, in] (fp32) times a stored weight's transpose: fp32 [rows, out]."""
+    lib = loaded()
+    in_pad = _check_weight(kind, data, scale, in_features)
+    if not (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.shape[1] == in_features
+            and _f32_cpu(x)):
+        raise ValueError(f"expected [1..{MAX_ROWS}, {in_features}] contiguous fp32 CPU rows, "
+                         f"got {tuple(x.shape)} {x.dtype}")
+    y = x.new_empty(x.shape[0], data.shape[0])
+    rc = lib.f32_linear(KINDS[kind], x.data_ptr(), x.shape[0], in_features, in_pad,
+                        data.data_ptr(), _scale_ptr(scale), data.shape[0], y.data_ptr(),
+                        torch.get_num_threads())
+    if rc == 1:
+        raise MemoryError("no memory for the matmul's activations")
+    if rc:
+        raise ValueError("bad shape for the fp32 matmul")
+    return y
+
+
+def dequantize(kind: str, data: torch.Tensor, scale: torch.Tensor | None,
+               in_features: int) -> torch.Tensor:
+    """A stored weight as a plain fp32 [out, in] tensor."""
+    lib = loaded()
+    in_pad = _check_weight(kind, data, scale, in_features)
+    dst = torch.empty(data.shape[0], in_features, dtype=torch.float32)
+    if lib.f32_dequant(KINDS[kind], data.data_ptr(), _scale_ptr(scale), data.shape[0],
+                       in_features, in_pad, dst.data_ptr(), torch.get_num_threads()):
+        raise ValueError("bad shape for the dequantizer")
+    return dst
+
+
+def runs_decode(k_cache: torch.Tensor, heads: int | None = None) -> bool:
+    """True where paged_decode_attention takes this cache: fp32 on the CPU, contiguous,
+    head_dim a multiple of 8 up to 256, and the kernels here."""
+    head_dim = k_cache.shape[-1]
+    return head_dim % 8 == 0 and 0 < head_dim <= 256 and _f32_cpu(k_cache) and available()
+
+
+def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           tables: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of one query token per sequence, query [B, H, D], over its first
+    lens[b] cached tokens read through tables from fp32 caches [blocks, block_size,
+    kv_heads, D]: fp32 [B, H, D]."""
+    lib = loaded()
+    batch, heads, head_dim = query.shape
+    _, block_size, kv_heads, cache_dim = k_cache.shape
+    if not (_f32_cpu(query, k_cache, v_cache) and v_cache.shape == k_cache.shape):
+        raise ValueError("expected contiguous fp32 query and caches of one shape")
+    if cache_dim != head_dim or heads % kv_heads:
+        raise ValueError(f"{heads} heads of {head_dim} over a cache of {kv_heads} x {cache_dim}")
+    if tables.dtype != torch.int64 or lens.dtype != torch.int64 or tables.stride(-1) != 1:
+        raise ValueError("expected int64 tables (rows contiguous) and lens")
+    if tables.shape[0] != batch or lens.shape != (batch,) or not lens.is_contiguous():
+        raise ValueError("expected one table row and one length per query")
+    out = torch.empty_like(query)
+    rc = lib.f32_paged_decode_attention(
+        query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+        tables.stride(0), lens.data_ptr(), out.data_ptr(), batch, heads, kv_heads, head_dim,
+        block_size, scale, torch.get_num_threads(),
+    )
+    if rc == 2:
+        raise ValueError(f"head_dim {head_dim} is not a multiple of 8 up to 256")
+    if rc:
+        raise MemoryError("no memory for the decode attention's score buffers")
+    return out
