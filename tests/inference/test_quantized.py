@@ -15,8 +15,8 @@ from inference import quantize as quantize_mod
 from inference.loader import auto_weight_dtype
 from inference.quantize import quantized_cache_file
 from kernels import cpu_kernels
-from kernels.cpu_linear import can_pack
 from kernels import quant_linear as ql
+from kernels.cpu_linear import can_pack
 from tests.inference.test_parity import PROMPTS
 
 HELD_TEXT = """\

@@ -1,0 +1,142 @@
+"""The fp32 C kernels (kernels/f32_kernels, csrc/f32/): what every path but
+avx512-bf16 decodes with, held to torch's fp32 reference; the portable build that
+ARM64 and other CPUs get; and the choice of path (kernels/cpu_features)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import attention, c_build, cpu_features, f32_kernels
+from kernels import quant_linear as ql
+from kernels.cpu_features import cpu_path
+
+pytestmark = pytest.mark.skipif(c_build.compiler() is None, reason="needs a C compiler")
+
+
+def weight(out: int, inp: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out, inp, generator=g) / inp**0.5
+
+
+def test_the_fp32_kernels_run_on_every_path():
+    assert f32_kernels.available()
+    avx2 = cpu_path() in ("avx512-bf16", "avx2")
+    assert ("-mavx2" in f32_kernels.cflags()) == avx2
+
+
+@pytest.mark.parametrize("kind", ql.KINDS)
+@pytest.mark.parametrize("shape", [(576, 1536), (100, 17), (3, 64)])
+def test_the_dequantizer_gives_torchs_weights_bit_for_bit(kind, shape):
+    qw = ql.quantize(weight(*shape, seed=5), kind)
+    got = f32_kernels.dequantize(kind, qw.data, qw.scale, qw.in_features)
+    assert torch.equal(got, ql.dequantize(qw))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8])
+def test_plain_fp32_weights_multiply_as_f_linear(rows):
+    w = weight(130, 128, seed=rows)
+    x = torch.randn(rows, 128)
+    got = f32_kernels.linear(x, "fp32", w.contiguous(), None, 128)
+    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def reference_decode(q, k_cache, v_cache, tables, lens, scale):
+    """Each row's attention over its first lens[b] tokens, gathered through its table."""
+    out = torch.empty_like(q)
+    kv_heads = k_cache.shape[2]
+    for b in range(q.shape[0]):
+        n = int(lens[b])
+        k = attention.gather_kv(k_cache, tables[b], n).transpose(0, 1)  # [kv, n, D]
+        v = attention.gather_kv(v_cache, tables[b], n).transpose(0, 1)
+        group = q.shape[1] // kv_heads
+        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        probs = torch.softmax((q[b][:, None, :] @ k.transpose(1, 2)) * scale, dim=-1)
+        out[b] = (probs @ v)[:, 0]
+    return out
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 16), (8, 2, 256)])
+@pytest.mark.parametrize("lens", [[1], [17, 5, 64], [300, 33]])
+def test_paged_decode_attention_matches_the_reference(heads, kv_heads, head_dim, lens):
+    torch.manual_seed(len(lens) + head_dim)
+    block_size, blocks = 16, 64
+    k_cache = torch.randn(blocks, block_size, kv_heads, head_dim)
+    v_cache = torch.randn(blocks, block_size, kv_heads, head_dim)
+    width = max(-(-n // block_size) for n in lens)
+    tables = torch.stack([torch.randperm(blocks)[:width] for _ in lens])
+    lens_t = torch.tensor(lens)
+    q = torch.randn(len(lens), heads, head_dim)
+    got = f32_kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens_t, head_dim**-0.5)
+    want = reference_decode(q, k_cache, v_cache, tables, lens_t, head_dim**-0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_refuses_what_it_cannot_read():
+    k = torch.randn(4, 16, 2, 20)  # head_dim not a multiple of 8
+    assert not f32_kernels.runs_decode(k)
+    with pytest.raises(ValueError, match="head_dim"):
+        f32_kernels.paged_decode_attention(torch.randn(1, 2, 20), k, k, torch.zeros(1, 1).long(),
+                                           torch.tensor([3]), 1.0)
+    with pytest.raises(ValueError):
+        f32_kernels.paged_decode_attention(torch.randn(1, 2, 16).bfloat16(), k, k,
+                                           torch.zeros(1, 1).long(), torch.tensor([3]), 1.0)
+
+
+def test_the_portable_build_computes_what_the_vector_one_does(tmp_path):
+    """What ARM64 and CPUs without AVX2 build: the same source with the compiler's
+    defaults (no -mavx2), compiled and run here for every weight kind."""
+    lib = ctypes.CDLL(str(c_build.build("f32_generic", c_build.compiler(), tmp_path,
+                                        f32_kernels.SOURCES, f32_kernels.HEADERS,
+                                        f32_kernels.BASE_FLAGS)))
+    x = torch.randn(3, 100)
+    for kind in ql.KINDS:
+        qw = ql.quantize(weight(70, 100, seed=2), kind)
+        y = torch.empty(3, 70)
+        scale = qw.scale.data_ptr() if qw.scale.numel() else None
+        rc = lib.f32_linear(f32_kernels.KINDS[kind], ctypes.c_void_p(x.data_ptr()),
+                            ctypes.c_int64(3), ctypes.c_int64(100), ctypes.c_int64(128),
+                            ctypes.c_void_p(qw.data.data_ptr()), ctypes.c_void_p(scale),
+                            ctypes.c_int64(70), ctypes.c_void_p(y.data_ptr()), ctypes.c_int(1))
+        assert rc == 0
+        torch.testing.assert_close(y, x @ ql.dequantize(qw).T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def fresh_path(monkeypatch):
+    cpu_features.cpu_path.cache_clear()
+    yield monkeypatch
+    cpu_features.cpu_path.cache_clear()
+
+
+def test_a_forced_path_is_taken_where_the_cpu_runs_it(fresh_path, caplog):
+    best = cpu_features.detected_path()
+    fresh_path.setenv(cpu_features.ENV, "generic")
+    assert cpu_features.cpu_path() == "generic"
+    assert not cpu_features.has_native_bf16() and not cpu_features.has_amx()
+    cpu_features.cpu_path.cache_clear()
+    fresh_path.setenv(cpu_features.ENV, "avx2")
+    assert cpu_features.cpu_path() == ("avx2" if best in ("avx512-bf16", "avx2") else best)
+    cpu_features.cpu_path.cache_clear()
+    fresh_path.setenv(cpu_features.ENV, "sse9")
+    with caplog.at_level(logging.WARNING, logger="kernels.cpu_features"):
+        assert cpu_features.cpu_path() == best
+    assert "not one of" in caplog.text
+
+
+def test_a_path_the_cpu_lacks_is_refused(fresh_path, caplog):
+    fresh_path.setattr(cpu_features, "cpu_flags", lambda: frozenset({"sse2"}))
+    fresh_path.setattr(cpu_features, "is_arm64", lambda: False)
+    fresh_path.setenv(cpu_features.ENV, "avx512-bf16")
+    with caplog.at_level(logging.WARNING, logger="kernels.cpu_features"):
+        assert cpu_features.cpu_path() == "generic"
+    assert "cannot run it" in caplog.text
+    fresh_path.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    assert cpu_features.detected_path() == "avx2"
+    fresh_path.setattr(cpu_features, "cpu_flags", lambda: frozenset())
+    fresh_path.setattr(cpu_features, "is_arm64", lambda: True)
+    assert cpu_features.detected_path() == "neon"
