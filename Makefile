@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-avx2 test-generic lint bench bench-multiturn bench-serve bench-llamacpp clean
+.PHONY: install run test test-avx2 test-generic test-arm64 lint bench bench-multiturn bench-serve bench-llamacpp clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,13 @@ test-avx2: install
 test-generic: install
 	PREFIXCHAT_CPU_PATH=generic ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 \
 		$(MAKE) test PYTEST_ARGS="$(or $(PYTEST_ARGS),tests/kernels)"
+
+# The fp32 kernels' C test built for ARM64 (NEON) with Debian's cross compiler and run
+# under qemu-user; the packages are installed with apt-get where missing.
+test-arm64: install
+	command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || \
+		(apt-get update -q && apt-get install -y -q gcc-aarch64-linux-gnu qemu-user)
+	$(MAKE) test PYTEST_ARGS="tests/kernels/test_f32_kernels.py"
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -140,3 +142,31 @@ def test_a_path_the_cpu_lacks_is_refused(fresh_path, caplog):
     fresh_path.setattr(cpu_features, "cpu_flags", lambda: frozenset())
     fresh_path.setattr(cpu_features, "is_arm64", lambda: True)
     assert cpu_features.detected_path() == "neon"
+
+
+SELFTEST = f32_kernels.CSRC / "f32" / "selftest.c"
+
+
+def run_selftest(cc: list[str], flags: tuple[str, ...], tmp_path, runner: list[str] = ()):
+    exe = tmp_path / "selftest"
+    subprocess.run([*cc, *flags, "-o", str(exe), str(SELFTEST), *map(str, f32_kernels.SOURCES),
+                    "-lm"], check=True, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "0 failed" in done.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("build", ["this path", "portable"])
+def test_the_kernels_own_c_test_passes_here(tmp_path, build):
+    flags = f32_kernels.cflags() if build == "this path" else f32_kernels.BASE_FLAGS
+    run_selftest(c_build.compiler(), flags, tmp_path)
+
+
+@pytest.mark.skipif(
+    not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")),
+    reason="needs Debian's gcc-aarch64-linux-gnu and qemu-user (make test-arm64 installs them)",
+)
+def test_the_kernels_own_c_test_passes_on_arm64_under_qemu(tmp_path):
+    """The NEON build: ARM64's widening instructions and the compiler's vectors."""
+    run_selftest(["aarch64-linux-gnu-gcc"], (*f32_kernels.BASE_FLAGS, "-static"), tmp_path,
+                 ["qemu-aarch64"])

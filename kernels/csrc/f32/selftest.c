@@ -1,0 +1,225 @@
+/* The fp32 kernels' own test, in C, for a CPU that Python's tests cannot reach here:
+   built with a cross compiler and run under qemu-user (ARM64's NEON path), and
+   natively too. Each weight kind's matmul of 1..8 rows, the dequantizers and the
+   paged decode attention are held to plain scalar references; prints one line per
+   check and a closing "N passed, N failed" line, and exits non-zero on a failure. */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "f32.h"
+
+int f32_linear(int kind, const float *x, int64_t rows, int64_t in, int64_t in_pad,
+               const void *w, const uint16_t *w_scale, int64_t out, float *y, int threads);
+int f32_dequant(int kind, const void *w, const uint16_t *w_scale, int64_t out, int64_t in,
+                int64_t in_pad, float *dst, int threads);
+int f32_paged_decode_attention(const float *query, const float *k_cache, const float *v_cache,
+                               const int64_t *tables, int64_t table_stride, const int64_t *lens,
+                               float *out, int64_t batch, int64_t heads, int64_t kv_heads,
+                               int64_t head_dim, int64_t block_size, float scale, int threads);
+
+static int passed, failed;
+
+static uint32_t state = 12345u;
+static float uniform(void) { /* in [-1, 1) */
+    state = state * 1664525u + 1013904223u;
+    return (float)(state >> 8) / (float)(1u << 23) - 1.0f;
+}
+
+/* An fp16 with a small exponent range, exact as a float: a scale of the tests. */
+static uint16_t half_bits(float f, float *exact) {
+    /* sign 0, exponent 10..14 (2^-5 .. 2^-1), mantissa random */
+    const uint32_t e = 10u + (uint32_t)((uniform() + 1.0f) * 2.4f);
+    const uint32_t m = (uint32_t)((uniform() + 1.0f) * 511.0f) & 0x3FFu;
+    const uint16_t h = (uint16_t)((f < 0 ? 0x8000u : 0u) | (e << 10) | m);
+    *exact = (f < 0 ? -1.0f : 1.0f) * ldexpf(1.0f + (float)m / 1024.0f, (int)e - 15);
+    return h;
+}
+
+static void check(const char *what, const float *got, const double *want, const double *scale,
+                  int64_t n) {
+    double worst = 0.0;
+    int ok = 1;
+    for (int64_t i = 0; i < n; i++) {
+        const double err = fabs((double)got[i] - want[i]);
+        const double bound = 1e-5 * scale[i] + 1e-6;
+        if (err > bound || got[i] != got[i]) ok = 0;
+        if (err / (scale[i] + 1e-30) > worst) worst = err / (scale[i] + 1e-30);
+    }
+    printf("%s %s (worst relative error %.2e)\n", ok ? "ok  " : "FAIL", what, worst);
+    ok ? passed++ : failed++;
+}
+
+/* W[out, in] as the reference sees it, built with each kind's stored bytes. */
+static void make_weight(int kind, int64_t out, int64_t in, int64_t in_pad, void **data,
+                        uint16_t **scale, double *w) {
+    const int64_t groups = in_pad / 32;
+    *scale = calloc((size_t)(out * groups * 2 + 1), sizeof(uint16_t));
+    if (kind == F32_INT4) {
+        uint8_t *q = calloc((size_t)(out * in_pad / 2), 1);
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t g = 0; g < groups; g++) {
+                float d, m;
+                (*scale)[(o * groups + g) * 2] = half_bits(1.0f, &d);
+                (*scale)[(o * groups + g) * 2 + 1] = half_bits(uniform(), &m);
+                for (int64_t j = 0; j < 32; j++) {
+                    const int64_t c = g * 32 + j, chunk = c / 64 * 64, k = c - chunk;
+                    const uint8_t level = c < in ? (uint8_t)((uniform() + 1.0f) * 7.99f) : 0;
+                    uint8_t *byte = q + o * in_pad / 2 + chunk / 2 + (k & 31);
+                    *byte |= (uint8_t)(k < 32 ? level : level << 4);
+                    if (c < in) w[o * in + c] = (double)fmaf((float)level, d, m);
+                }
+            }
+        *data = q;
+    } else if (kind == F32_INT8 || kind == F32_UINT8) {
+        uint8_t *q = calloc((size_t)(out * in_pad), 1);
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t g = 0; g < groups; g++) {
+                float d, m = 0.0f;
+                const int64_t at = kind == F32_INT8 ? o * groups + g : (o * groups + g) * 2;
+                (*scale)[at] = half_bits(1.0f, &d);
+                if (kind == F32_UINT8) (*scale)[at + 1] = half_bits(uniform(), &m);
+                for (int64_t j = 0; j < 32; j++) {
+                    const int64_t c = g * 32 + j;
+                    if (c >= in) continue;
+                    if (kind == F32_INT8) {
+                        const int8_t v = (int8_t)(uniform() * 127.0f);
+                        q[o * in_pad + c] = (uint8_t)v;
+                        w[o * in + c] = (double)((float)v * d);
+                    } else {
+                        const uint8_t v = (uint8_t)((uniform() + 1.0f) * 127.9f);
+                        q[o * in_pad + c] = v;
+                        const float step = d / 16.0f;
+                        w[o * in + c] = (double)fmaf((float)v, step, m - 8.0f * step);
+                    }
+                }
+            }
+        *data = q;
+    } else if (kind == F32_BF16) {
+        uint16_t *b = calloc((size_t)(out * in_pad), sizeof(uint16_t));
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t c = 0; c < in; c++) {
+                float f = uniform();
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                u &= 0xFFFF0000u;
+                memcpy(&f, &u, 4);
+                b[o * in_pad + c] = (uint16_t)(u >> 16);
+                w[o * in + c] = (double)f;
+            }
+        *data = b;
+    } else {
+        float *f = calloc((size_t)(out * in_pad), sizeof(float));
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t c = 0; c < in; c++) w[o * in + c] = f[o * in_pad + c] = uniform();
+        *data = f;
+    }
+}
+
+static void test_linear(int kind, const char *name, int64_t out, int64_t in) {
+    const int64_t in_pad = (in + 63) / 64 * 64;
+    double *w = calloc((size_t)(out * in), sizeof(double));
+    void *data;
+    uint16_t *scale;
+    make_weight(kind, out, in, in_pad, &data, &scale, w);
+    float x[8 * 1536], y[8 * 1536], plain[1536 * 64];
+    double want[8 * 1536], mag[8 * 1536];
+    for (int64_t i = 0; i < 8 * in; i++) x[i] = uniform();
+    for (int rows = 1; rows <= 8; rows++) {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t o = 0; o < out; o++) {
+                double s = 0.0, a = 0.0;
+                for (int64_t c = 0; c < in; c++) {
+                    s += (double)x[r * in + c] * w[o * in + c];
+                    a += fabs((double)x[r * in + c] * w[o * in + c]);
+                }
+                want[r * out + o] = s;
+                mag[r * out + o] = a;
+            }
+        const int rc = f32_linear(kind, x, rows, in, in_pad, data, scale, out, y, 2);
+        char what[96];
+        snprintf(what, sizeof what, "linear %s %lldx%lld, %d rows", name, (long long)out,
+                 (long long)in, rows);
+        if (rc) {
+            printf("FAIL %s: returned %d\n", what, rc);
+            failed++;
+            continue;
+        }
+        check(what, y, want, mag, rows * out);
+    }
+    if (out <= 64 && in <= 1536 && !f32_dequant(kind, data, scale, out, in, in_pad, plain, 2)) {
+        int same = 1;
+        for (int64_t i = 0; i < out * in; i++) same &= plain[i] == (float)w[i];
+        printf("%s dequantize %s bit for bit\n", same ? "ok  " : "FAIL", name);
+        same ? passed++ : failed++;
+    }
+    free(w);
+    free(data);
+    free(scale);
+}
+
+static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t len) {
+    const int64_t block_size = 16, blocks = (len + 15) / 16 + 3, token = kv_heads * head_dim;
+    float *k = malloc((size_t)(blocks * block_size * token) * sizeof(float));
+    float *v = malloc((size_t)(blocks * block_size * token) * sizeof(float));
+    float *q = malloc((size_t)(heads * head_dim) * sizeof(float));
+    float *o = malloc((size_t)(heads * head_dim) * sizeof(float));
+    double *want = calloc((size_t)(heads * head_dim), sizeof(double));
+    double *mag = calloc((size_t)(heads * head_dim), sizeof(double));
+    double *p = malloc((size_t)len * sizeof(double));
+    int64_t table[64];
+    for (int64_t i = 0; i < blocks * block_size * token; i++) k[i] = uniform(), v[i] = uniform();
+    for (int64_t i = 0; i < heads * head_dim; i++) q[i] = uniform();
+    for (int64_t b = 0; b < blocks; b++) table[b] = blocks - 1 - b; /* out of order */
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    for (int64_t h = 0; h < heads; h++) {
+        const int64_t kvh = h / (heads / kv_heads);
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t t = 0; t < len; t++) {
+            const int64_t slot = table[t / block_size] * block_size + t % block_size;
+            double s = 0.0;
+            for (int64_t c = 0; c < head_dim; c++)
+                s += (double)q[h * head_dim + c] * k[slot * token + kvh * head_dim + c];
+            p[t] = s * scale;
+            mx = p[t] > mx ? p[t] : mx;
+        }
+        for (int64_t t = 0; t < len; t++) sum += p[t] = exp(p[t] - mx);
+        for (int64_t t = 0; t < len; t++) {
+            const int64_t slot = table[t / block_size] * block_size + t % block_size;
+            for (int64_t c = 0; c < head_dim; c++) {
+                const double val = v[slot * token + kvh * head_dim + c];
+                want[h * head_dim + c] += p[t] / sum * val;
+                mag[h * head_dim + c] += p[t] / sum * fabs(val);
+            }
+        }
+    }
+    const int64_t lens[1] = {len};
+    const int rc = f32_paged_decode_attention(q, k, v, table, blocks, lens, o, 1, heads, kv_heads,
+                                              head_dim, block_size, scale, 2);
+    char what[96];
+    snprintf(what, sizeof what, "decode attention %lld heads over %lld, dim %lld, %lld tokens",
+             (long long)heads, (long long)kv_heads, (long long)head_dim, (long long)len);
+    if (rc) {
+        printf("FAIL %s: returned %d\n", what, rc);
+        failed++;
+    } else {
+        for (int64_t i = 0; i < heads * head_dim; i++) mag[i] += 1.0; /* exp's ulps */
+        check(what, o, want, mag, heads * head_dim);
+    }
+    free(k), free(v), free(q), free(o), free(want), free(mag), free(p);
+}
+
+int main(void) {
+    static const char *names[] = {"int8", "int4", "bf16", "uint8", "fp32"};
+    static const int64_t shapes[][2] = {{64, 576}, {70, 100}, {33, 1536}, {16, 64}};
+    for (int kind = 0; kind <= F32_PLAIN; kind++)
+        for (int s = 0; s < 4; s++) test_linear(kind, names[kind], shapes[s][0], shapes[s][1]);
+    test_attention(9, 3, 64, 1);
+    test_attention(9, 3, 64, 100);
+    test_attention(4, 4, 16, 37);
+    test_attention(8, 2, 256, 300);
+    printf("fp32 kernel checks: %d ok, %d failed\n", passed, failed);
+    return failed != 0;
+}
