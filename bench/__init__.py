@@ -23,6 +23,8 @@
                                         from bf16: greedy agreement, log-prob, KL
     python -m bench llamacpp build|compare  llama.cpp's llama-server built here, and
                                         our server against it on the same workloads
+    python -m bench memory              our server's resident memory after a multi-turn
+                                        replay, per weight dtype
 
 Each subcommand takes --help.
 """
@@ -45,6 +47,7 @@ SUBCOMMANDS = {
     "llamacpp": "bench.llamacpp",
     "quant": "bench.quant",
     "quant-quality": "bench.quant_quality",
+    "memory": "bench.memory",
 }
 
 

@@ -1,9 +1,13 @@
 """How far quantized weights move the model from bf16, measured four ways.
 
-    python -m bench quant-quality [--model M] [--new-tokens 32] [--out F]
+    python -m bench quant-quality [--model M] [--new-tokens 32] [--kinds fp32,int8,int4]
+        [--reference bf16|torch-fp32] [--out F]
 
 For fp32 compute (the reference's own rounding noise), int8 and int4 against the
-bf16 engine on the same weights:
+bf16 engine on the same weights (or, with --reference torch-fp32, against torch's own
+fp32 forward on fp32 weights, no C kernel: how far this host's kernel path, with
+each weight dtype, moves from it; kinds then run in the path's own dtype, and `bf16`
+is bf16 storage):
 - free: greedy replies to 8 chat prompts, the share of positions equal to bf16's
   (replies part at the first near-tie and differ wholesale after it);
 - forced: fed bf16's greedy replies, the share of next tokens it also picks;
@@ -15,6 +19,7 @@ bf16 engine on the same weights:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -25,6 +30,8 @@ from bench.report import progress_log
 from inference import EngineConfig, LLMEngine, SamplingParams
 from inference.config import DEFAULT_MODEL
 from inference.sequence import Sequence
+from kernels import cpu_kernels, f32_kernels
+from kernels.cpu_features import cpu_path
 
 log = progress_log("bench quant-quality")
 
@@ -54,10 +61,41 @@ still turned slowly in the current although it was joined to nothing at all.
 
 
 def engine_for(model: str, kind: str) -> LLMEngine:
-    """The bf16 engine with the given weights, or the fp32 one."""
+    """The engine in the path's dtype with the given weights, or the fp32 one."""
     if kind == "fp32":
-        return LLMEngine(EngineConfig(model=model, dtype="float32", num_blocks=512))
+        return LLMEngine(EngineConfig(model=model, dtype="float32", weight_dtype="fp32",
+                                      num_blocks=512))
     return LLMEngine(EngineConfig(model=model, weight_dtype=kind, num_blocks=512))
+
+
+@contextlib.contextmanager
+def torch_only():
+    """No C kernel runs inside: torch's own fp32 ops (the reference the kernels are held to)."""
+    with contextlib.ExitStack() as stack:
+        for module in (f32_kernels, cpu_kernels):
+            stack.enter_context(_patched(module, "available", lambda: False))
+        stack.enter_context(_patched(cpu_kernels, "quant_available", lambda: False))
+        yield
+
+
+@contextlib.contextmanager
+def _patched(obj, name, value):
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+def reference_engine(model: str, reference: str) -> LLMEngine:
+    """bf16's engine, or torch's fp32 forward on fp32 weights (no decode step in C)."""
+    if reference == "bf16":
+        return engine_for(model, "bf16")
+    engine = LLMEngine(EngineConfig(model=model, dtype="float32", weight_dtype="fp32",
+                                    num_blocks=512))
+    engine.runner.model.decode_stack = None
+    return engine
 
 
 def replies(engine: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -115,22 +153,25 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--kinds", default="fp32,int8,int4")
+    parser.add_argument("--reference", choices=("bf16", "torch-fp32"), default="bf16")
     parser.add_argument("--out", type=Path, default=Path("bench-results/quant_quality.json"))
     args = parser.parse_args(argv)
 
-    base = engine_for(args.model, "bf16")
+    base = reference_engine(args.model, args.reference)
     tok = base.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}],
                                        add_generation_prompt=True, return_dict=False)
                for p in PROMPTS]
     held = tok.encode(HELD_TEXT)
-    ref_replies = replies(base, prompts, args.new_tokens)
-    ref_lp = log_probs(base, held)
+    with torch_only() if args.reference == "torch-fp32" else contextlib.nullcontext():
+        ref_replies = replies(base, prompts, args.new_tokens)
+        ref_lp = log_probs(base, held)
     ref_mean = mean_log_prob(ref_lp, held)
+    del base
 
     results = {}
     for kind in args.kinds.split(","):
-        log(f"{kind} against bf16")
+        log(f"{kind} against {args.reference}")
         engine = engine_for(args.model, kind)
         ours = replies(engine, prompts, args.new_tokens)
         lp = log_probs(engine, held)
@@ -143,14 +184,17 @@ def main(argv: list[str] | None = None) -> dict:
                                               for p, r in zip(prompts, ref_replies, strict=True)]),
             "log_prob_change": abs(mean_log_prob(lp, held) - ref_mean) / abs(ref_mean),
             "kl": kl_divergence(ref_lp, lp),
+            "dtype": engine.config.dtype,
+            "cpu_path": engine.cpu_path,
         }
         del engine
 
-    print(f"{'against bf16':14s} {'free':>7s} {'forced':>7s} {'log-prob':>9s} {'KL':>8s}")
+    print(f"{'against ' + args.reference:14s} {'free':>7s} {'forced':>7s} {'log-prob':>9s} {'KL':>8s}")
     for kind, r in results.items():
         print(f"{kind:14s} {r['free']:7.1%} {r['forced']:7.1%} {r['log_prob_change']:9.2%} "
               f"{r['kl']:8.4f}")
     data = {"kind": "quant-quality", "model": args.model, "new_tokens": args.new_tokens,
+            "reference": args.reference, "cpu_path": cpu_path(),
             "prompts": len(PROMPTS), "held_tokens": len(held), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=2))

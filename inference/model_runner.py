@@ -14,7 +14,6 @@ from inference.quantize import quantize_model, quantized_cache_file
 from inference.sequence import Sequence
 from kernels.attention import AttentionMetadata
 from kernels.cpu_features import cpu_path
-from kernels.decode_stack import MAX_ROWS as MAX_STACK_ROWS
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +44,17 @@ class ModelRunner:
         if kind is not None:
             # bf16 storage is a cast, cheaper than reading a cache file back.
             quantize_model(model, kind, None if kind == "bf16" else quantized_cache_file(config))
+            if model.embed_from_head():
+                log.info("token embeddings read from the output head's %s rows (exact)",
+                         model.lm_head.quantized.kind)
         self.model = model.to(dtype=self.dtype).eval()
         # The kernel path (kernels.cpu_features) the engine took, for logs and metrics.
         self.cpu_path = cpu_path() if self.device.type == "cpu" else self.device.type
         log.info("kernel path: %s (%s activations, %s weights)", self.cpu_path, config.dtype,
                  config.weight_dtype)
         if self.device.type == "cpu" and self.model.build_decode_stack():
-            log.info("decode steps of up to %d sequences run as one C call", MAX_STACK_ROWS)
+            log.info("decode steps of up to %d sequences run as one C call",
+                     self.model.decode_stack.max_rows)
         # Decode batches are the common shape: oneDNN lays weights out for them.
         on_cpu = config.pack_weights and self.device.type == "cpu"
         if on_cpu and self.model.pack_weights(batch_hint=config.max_num_seqs):

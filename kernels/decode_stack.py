@@ -19,7 +19,9 @@ from kernels import cpu_kernels, f32_kernels
 from kernels.quant_layout import padded
 from kernels.quant_linear import QuantizedWeight
 
+# Rows (decoding sequences) a step takes: the bf16 step's, and the fp32 step's.
 MAX_ROWS = cpu_kernels.QUANT_MAX_ROWS
+MAX_F32_ROWS = f32_kernels.MAX_ROWS
 
 
 class _Matmul(ctypes.Structure):
@@ -166,12 +168,13 @@ class DecodeStack:
         self._model = _Model(len(layers), hidden, heads, kv_heads, head_dim, inter, 0, eps,
                              head_dim**-0.5, self._layers, norm.data_ptr())
         self.hidden, self.head_dim, self.kv_heads, self.dtype = hidden, head_dim, kv_heads, dtype
+        self.max_rows = MAX_ROWS if dtype == torch.bfloat16 else MAX_F32_ROWS
 
     def runs(self, rows: int, kv_cache: torch.Tensor) -> bool:
-        """True where the step takes these: 1..MAX_ROWS rows and a contiguous CPU cache
+        """True where the step takes these: 1..max_rows rows and a contiguous CPU cache
         [2, layers, blocks, block_size, kv_heads, head_dim] in the step's dtype."""
         return (
-            0 < rows <= MAX_ROWS
+            0 < rows <= self.max_rows
             and kv_cache.dtype == self.dtype
             and kv_cache.is_cpu
             and kv_cache.is_contiguous()

@@ -26,7 +26,9 @@ SOURCES = (CSRC / "f32" / "linear.c", CSRC / "f32" / "decode.c")
 HEADERS = (CSRC / "f32" / "simd.h", CSRC / "f32" / "f32.h", CSRC / "stack.h")
 BASE_FLAGS = ("-O3", "-fopenmp", "-Wno-psabi")
 AVX2_CFLAGS = ("-mavx2", "-mfma", "-mf16c")
-MAX_ROWS = 8
+# Rows a call takes (csrc/f32/f32.h's F32_MAX_BATCH): decode steps of up to this many
+# sequences, in groups of 8 whose sums stay in registers.
+MAX_ROWS = 32
 # The C weight kinds (csrc/f32/f32.h).
 KINDS = {"int8": 0, "int4": 1, "bf16": 2, "uint8": 3, "fp32": 4}
 
@@ -105,7 +107,7 @@ def runs_linear(x: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, kind: str, data: torch.Tensor, scale: torch.Tensor | None,
            in_features: int) -> torch.Tensor:
-    """x [rows <= 8, in] (fp32) times a stored weight's transpose: fp32 [rows, out]."""
+    """x [rows <= MAX_ROWS, in] (fp32) times a stored weight's transpose: fp32 [rows, out]."""
     lib = loaded()
     in_pad = _check_weight(kind, data, scale, in_features)
     if not (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.shape[1] == in_features

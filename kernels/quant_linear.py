@@ -64,8 +64,9 @@ __all__ = ["KINDS", "QUANT_KINDS", "QuantizedWeight", "quant_linear", "quantize"
 CHUNK_ROWS = 4096
 # Many-row matmuls dequantize slices of about this size (see quant_linear).
 DEQUANT_TILE_BYTES = 4 << 20
-# Above this many rows, dequantize and use oneDNN (see bench quant).
+# Above this many rows, dequantize and use oneDNN (see bench quant): bf16 rows, and fp32 ones.
 MAX_KERNEL_ROWS = cpu_kernels.QUANT_MAX_ROWS
+MAX_F32_KERNEL_ROWS = f32_kernels.MAX_ROWS
 
 
 @dataclass
@@ -167,18 +168,21 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch
 def runs_kernel(x: torch.Tensor, qw: QuantizedWeight) -> bool:
     """True where a C kernel takes x: a few contiguous CPU rows, fp32 (the fp32 kernels,
     any kind) or bf16 (the AVX512-BF16 kernels, a quantized kind)."""
-    if not (x.is_cpu and x.dim() == 2 and 0 < x.shape[0] <= MAX_KERNEL_ROWS
-            and x.is_contiguous() and qw.data.is_cpu):
+    if not (x.is_cpu and x.dim() == 2 and x.shape[0] > 0 and x.is_contiguous() and qw.data.is_cpu):
         return False
     if x.dtype == torch.float32:
-        return f32_kernels.available()
+        return x.shape[0] <= MAX_F32_KERNEL_ROWS and f32_kernels.available()
+    if x.shape[0] > MAX_KERNEL_ROWS:
+        return False
     return x.dtype == torch.bfloat16 and qw.kind != "bf16" and cpu_kernels.quant_available()
 
 
 def kernel_matmul(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
-    """x [rows <= 8, in] times the weight's transpose, in C; ValueError on bad input."""
+    """x [a few rows, in] times the weight's transpose, in C; ValueError on bad input."""
     if x.dtype == torch.float32:
         return f32_kernels.linear(x, qw.kind, qw.data, qw.scale, qw.in_features)
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"expected bf16 or fp32 rows, got {x.dtype}")
     return cpu_kernels.quant_linear(x, qw.kind, qw.data, qw.scale, qw.in_features)
 
 

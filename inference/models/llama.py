@@ -15,7 +15,7 @@ from kernels import AttentionMetadata, cpu_kernels, paged_attention, store_kvcac
 from kernels.cpu_linear import linear, pack_weight, packed_linear
 from kernels.decode_stack import MAX_ROWS as MAX_STACK_ROWS
 from kernels.decode_stack import DecodeStack, StackLayer, runs_here, takes_plain
-from kernels.quant_linear import QuantizedWeight, dequantize_for_matmul, quant_linear
+from kernels.quant_linear import QuantizedWeight, dequantize, dequantize_for_matmul, quant_linear
 
 
 class Linear(nn.Linear):
@@ -74,6 +74,25 @@ class Linear(nn.Linear):
         if self.packed is not None and not (self.keeps_plain and x.shape[0] <= MAX_STACK_ROWS):
             return packed_linear(x, self.packed, self.bias)
         return linear(x, self.weight, self.bias)
+
+
+class HeadEmbedding(nn.Module):
+    """Token embeddings read from a tied head's stored weight (quantized, or bf16 in an
+    fp32 model) where it holds the table exactly, as a GGUF file's Q8_0 token table does:
+    a lookup widens its rows, and no full-precision table is kept (SmolLM2 in fp32:
+    113 MiB)."""
+
+    def __init__(self, stored: QuantizedWeight, dtype: torch.dtype):
+        super().__init__()
+        self.stored = stored
+        # Empty; it carries the compute dtype through model.to(dtype).
+        self.weight = nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        q = self.stored
+        rows = QuantizedWeight(q.kind, q.data.index_select(0, ids), q.scale.index_select(0, ids),
+                               q.in_features)
+        return dequantize(rows, self.weight.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -244,6 +263,23 @@ class LlamaForCausalLM(nn.Module):
                             and head.takes_plain_rows())
         packed = [m.pack(batch_hint) for m in self.modules() if isinstance(m, Linear)]
         return any(packed)
+
+    def embed_from_head(self, rows_at_a_time: int = 4096) -> bool:
+        """Read embeddings from the tied head's stored weight where it equals the table
+        exactly (see HeadEmbedding), and drop the table; False, and the table kept,
+        elsewhere. Call it after quantizing, before casting to the compute dtype."""
+        head, table = self.lm_head, self.embed_tokens.weight
+        if not (self.tie_word_embeddings and head.quantized is not None
+                and isinstance(self.embed_tokens, nn.Embedding)):
+            return False
+        stored = head.quantized
+        for i in range(0, table.shape[0], rows_at_a_time):  # small temporaries
+            part = QuantizedWeight(stored.kind, stored.data[i : i + rows_at_a_time],
+                                   stored.scale[i : i + rows_at_a_time], stored.in_features)
+            if not torch.equal(dequantize(part, table.dtype), table[i : i + rows_at_a_time]):
+                return False
+        self.embed_tokens = HeadEmbedding(stored, table.dtype)
+        return True
 
     def build_decode_stack(self) -> bool:
         """Run decode steps of a few sequences as one C call (kernels.decode_stack)

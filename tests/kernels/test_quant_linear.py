@@ -242,9 +242,9 @@ def test_the_stored_layout_checks_a_weights_tensors(kind):
         quant_layout.check(*refused["columns"])
 
 
-@needs_kernel
 @pytest.mark.parametrize("kind", ql.QUANT_KINDS)
 def test_kernel_refuses_bad_inputs(kind):
+    """fp32 rows (the fp32 kernels, on every path) are checked before any C runs."""
     qw = ql.quantize(weight(40, 100), kind)
     good = torch.randn(2, 100)
     assert ql.kernel_matmul(good, qw).shape == (2, 40)
@@ -253,7 +253,7 @@ def test_kernel_refuses_bad_inputs(kind):
         "int rows": good.int(),
         "wrong width": torch.randn(2, 99),
         "non-contiguous rows": torch.randn(100, 2).T,
-        "too many rows": torch.randn(9, 100),
+        "too many rows": torch.randn(f32_kernels.MAX_ROWS + 1, 100),
         "no rows": torch.randn(0, 100),
         "3-D rows": torch.randn(1, 2, 100),
     }

@@ -191,7 +191,7 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
                      int threads) {
     const int64_t hidden = m->hidden, hd = m->head_dim, heads = m->heads;
     const int64_t kv_heads = m->kv_heads, inter = m->inter;
-    if (rows < 1 || rows > F32_MAX_ROWS || !attention_shape_ok(heads, kv_heads, hd) || m->layers < 1)
+    if (rows < 1 || rows > F32_MAX_BATCH || !attention_shape_ok(heads, kv_heads, hd) || m->layers < 1)
         return 2;
     const int64_t q_size = heads * hd, kv_size = kv_heads * hd, qkv_out = q_size + 2 * kv_size;
     const int64_t token = kv_size, layer_stride = num_blocks * m->block_size * token;

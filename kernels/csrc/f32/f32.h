@@ -10,11 +10,14 @@
    padded to in_pad, a multiple of 64), bf16 [out, in_pad] widened in registers, and
    plain fp32 [out, in_pad]. The same numbers as csrc/kernels.h where both have one. */
 enum { F32_INT8 = 0, F32_INT4 = 1, F32_BF16 = 2, F32_UINT8 = 3, F32_PLAIN = 4 };
+/* Rows a matmul takes together (its sums stay in registers), and rows a call takes:
+   a tile of output columns is read for each group of F32_MAX_ROWS while in cache. */
 #define F32_MAX_ROWS 8
+#define F32_MAX_BATCH 32
 
-/* y[rows, out] (+)= x W^T for fp32 rows x [rows, in_pad] (zeros past the real
-   width) and a weight of `kind`; shared loop over tiles of output columns. */
-void f32_matmul_tiles(int kind, const float *x, int64_t rows, int64_t in_pad, const void *w,
+/* y[batch, out] = x W^T for fp32 rows x [batch <= F32_MAX_BATCH, in_pad] (zeros past
+   the real width) and a weight of `kind`; shared loop over tiles of output columns. */
+void f32_matmul_tiles(int kind, const float *x, int64_t batch, int64_t in_pad, const void *w,
                       const uint16_t *w_scale, int64_t out, float *y);
 
 /* rows of x [rows, in] copied to act [rows, in_pad], zero-padded. */

@@ -118,14 +118,18 @@ static ALWAYS_INLINE void dot_plain(const float *w, const float *x, int64_t in_p
 #define TILE_LOOP(DOT_CALL)                                                               \
     _Pragma("omp for schedule(static)") for (int64_t t = 0; t < tiles; t++) {             \
         const int64_t end = (t + 1) * TILE < out ? (t + 1) * TILE : out;                  \
-        for (int64_t o = t * TILE; o < end; o++) {                                        \
-            float res[MAX_ROWS];                                                          \
-            ROW_SWITCH(DOT_CALL)                                                          \
-            for (int64_t r = 0; r < rows; r++) y[r * out + o] = res[r];                   \
+        for (int64_t r0 = 0; r0 < batch; r0 += MAX_ROWS) {                                \
+            const int64_t rows = batch - r0 < MAX_ROWS ? batch - r0 : MAX_ROWS;           \
+            const float *x = xs + r0 * in_pad;                                            \
+            for (int64_t o = t * TILE; o < end; o++) {                                    \
+                float res[MAX_ROWS] = {0};                                                \
+                ROW_SWITCH(DOT_CALL)                                                      \
+                for (int64_t r = 0; r < rows; r++) y[(r0 + r) * out + o] = res[r];        \
+            }                                                                             \
         }                                                                                 \
     }
 
-void f32_matmul_tiles(int kind, const float *x, int64_t rows, int64_t in_pad, const void *w,
+void f32_matmul_tiles(int kind, const float *xs, int64_t batch, int64_t in_pad, const void *w,
                       const uint16_t *w_scale, int64_t out, float *y) {
     const int64_t tiles = (out + TILE - 1) / TILE;
     const uint8_t *wb = w;
@@ -160,11 +164,11 @@ void f32_pad_rows(float *act, const float *x, int64_t rows, int64_t in, int64_t 
 
 static int valid_kind(int kind) { return kind >= F32_INT8 && kind <= F32_PLAIN; }
 
-/* y[rows, out] = x[rows, in] W^T; rows 1..8. Returns 0, 1 for no memory, 2 for a bad
-   shape or kind. */
+/* y[rows, out] = x[rows, in] W^T; rows 1..F32_MAX_BATCH. Returns 0, 1 for no memory, 2
+   for a bad shape or kind. */
 int f32_linear(int kind, const float *x, int64_t rows, int64_t in, int64_t in_pad,
                const void *w, const uint16_t *w_scale, int64_t out, float *y, int threads) {
-    if (rows < 1 || rows > MAX_ROWS || in_pad % 64 || in > in_pad || !valid_kind(kind)) return 2;
+    if (rows < 1 || rows > F32_MAX_BATCH || in_pad % 64 || in > in_pad || !valid_kind(kind)) return 2;
     float *act = malloc((size_t)(rows * in_pad) * sizeof(float));
     if (!act) return 1;
     f32_pad_rows(act, x, rows, in, in_pad);

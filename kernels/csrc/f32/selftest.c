@@ -124,10 +124,12 @@ static void test_linear(int kind, const char *name, int64_t out, int64_t in) {
     void *data;
     uint16_t *scale;
     make_weight(kind, out, in, in_pad, &data, &scale, w);
-    float x[8 * 1536], y[8 * 1536], plain[1536 * 64];
-    double want[8 * 1536], mag[8 * 1536];
-    for (int64_t i = 0; i < 8 * in; i++) x[i] = uniform();
-    for (int rows = 1; rows <= 8; rows++) {
+    static float x[F32_MAX_BATCH * 1536], y[F32_MAX_BATCH * 1536], plain[1536 * 64];
+    static double want[F32_MAX_BATCH * 1536], mag[F32_MAX_BATCH * 1536];
+    static const int batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 31, F32_MAX_BATCH};
+    for (int64_t i = 0; i < F32_MAX_BATCH * in; i++) x[i] = uniform();
+    for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
+        const int rows = batches[b];
         for (int64_t r = 0; r < rows; r++)
             for (int64_t o = 0; o < out; o++) {
                 double s = 0.0, a = 0.0;

@@ -1,0 +1,94 @@
+"""Resident memory of our server (daphne, as `make run` serves) after a multi-turn
+replay, for each weight dtype, on this process's kernel path.
+
+    python -m bench memory [--weight-dtypes fp32,bf16,int8,int4,auto] [--conversations 16]
+        [--turns 6] [--out bench-results/memory.json]
+
+Each server starts alone on a fresh database, replays bench/serve.py's multi-turn
+workload (all conversations at once), and its VmRSS (resident now) and VmHWM (its
+peak) are read from /proc. The KV pool is the same size in bytes for every dtype
+(kv_cache_memory_bytes), so the differences are the weights'. Set
+PREFIXCHAT_CPU_PATH (with ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA) to measure a
+lesser path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.llamacpp import ServerSettings, start_ours
+from bench.report import progress_log
+from kernels.cpu_features import cpu_path
+
+log = progress_log("bench memory")
+
+
+def rss_mib(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM of a process, in MiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def measure(dtype: str, args: argparse.Namespace, logs: Path) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        server = start_ours(dtype, f"memory-{dtype}", ServerSettings(), logs,
+                            Path(tmp) / "db.sqlite3")
+        try:
+            started = rss_mib(server.proc.pid)
+            replay = subprocess.run(
+                [sys.executable, "-m", "bench", "serve", "--url", server.url, "--api-key",
+                 server.api_key, "--workload", "multiturn", "--num-conversations",
+                 str(args.conversations), "--turns", str(args.turns), "--out",
+                 str(Path(tmp) / "serve.json")],
+                capture_output=True, text=True, timeout=3600,
+            )
+            if replay.returncode:
+                raise SystemExit(f"the replay failed:\n{replay.stderr[-3000:]}")
+            after = rss_mib(server.proc.pid)
+        finally:
+            server.stop()
+    return {"weight_dtype": dtype, "cpu_path": server.cpu_path,
+            "rss_after_start_mib": started["VmRSS"], "rss_after_replay_mib": after["VmRSS"],
+            "peak_mib": after["VmHWM"]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m bench memory", description=__doc__.split("\n")[0])
+    p.add_argument("--weight-dtypes", default="fp32,bf16,int8,int4")
+    p.add_argument("--conversations", type=int, default=16)
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--logs", type=Path, default=Path("bench-results/memory-logs"))
+    p.add_argument("--out", type=Path, default=Path("bench-results/memory.json"))
+    args = p.parse_args(argv)
+    args.logs.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for dtype in args.weight_dtypes.split(","):
+        log(f"{dtype}: start, replay {args.conversations} x {args.turns}")
+        runs.append(measure(dtype, args, args.logs))
+    base = next((r for r in runs if r["weight_dtype"] == "fp32"), None)
+    print(f"kernel path: {cpu_path()}")
+    print(f"{'weights':8s} {'path':12s} {'start MiB':>10s} {'after MiB':>10s} {'peak MiB':>9s}"
+          f" {'/ fp32':>7s}")
+    for r in runs:
+        ratio = r["rss_after_replay_mib"] / base["rss_after_replay_mib"] if base else float("nan")
+        print(f"{r['weight_dtype']:8s} {r['cpu_path']:12s} {r['rss_after_start_mib']:10.0f} "
+              f"{r['rss_after_replay_mib']:10.0f} {r['peak_mib']:9.0f} {ratio:7.2f}")
+    data = {"kind": "memory", "cpu_path": cpu_path(), "conversations": args.conversations,
+            "turns": args.turns, "runs": runs}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=2))
+    log(f"wrote {args.out}")
+    return data
+
+
+if __name__ == "__main__":
+    main()
