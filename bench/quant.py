@@ -29,6 +29,7 @@ from inference import EngineConfig, LLMEngine
 from inference.config import DEFAULT_MODEL
 from kernels import cpu_kernels
 from kernels import quant_linear as ql
+from kernels.cpu_features import has_native_bf16
 from kernels.cpu_linear import linear, pack_weight, packed_linear
 
 WEIGHT_DTYPES = ("bf16", "int8", "int4")
@@ -44,17 +45,24 @@ def kernel_cases() -> dict[str, dict]:
         w = torch.randn(out, inp, generator=torch.Generator().manual_seed(out)) / inp**0.5
         wb = w.bfloat16()
         packed = pack_weight(wb, 32)
-        quantized = {kind: ql.quantize(w, kind) for kind in ql.KINDS}
+        # The path's activations: bf16 on avx512-bf16 (quantized kinds beside plain bf16),
+        # fp32 elsewhere (every stored kind, bf16 among them, beside plain fp32).
+        bf16 = has_native_bf16()
+        kinds = ql.QUANT_KINDS if bf16 else ql.KINDS
+        quantized = {kind: ql.quantize(w, kind) for kind in kinds}
         for rows in ROWS:
-            x = torch.randn(rows, inp).bfloat16()
-            paths = {
-                "bf16": (lambda x=x, p=packed: packed_linear(x, p, None)) if packed is not None
-                else (lambda x=x, w=wb: linear(x, w)),
-            }
+            x = torch.randn(rows, inp).to(torch.bfloat16 if bf16 else torch.float32)
+            if bf16:
+                paths = {
+                    "bf16": (lambda x=x, p=packed: packed_linear(x, p, None))
+                    if packed is not None else (lambda x=x, w=wb: linear(x, w)),
+                }
+            else:
+                paths = {"fp32": lambda x=x, w=w: linear(x, w)}
             if cpu_kernels.runs_bf16_matmul(x, wb):  # the decode step's own bf16 matmul
                 paths["bf16-c"] = lambda x=x, w=wb: cpu_kernels.bf16_matmul(x, w)
             for kind, qw in quantized.items():
-                if cpu_kernels.quant_available():
+                if ql.runs_kernel(x, qw):
                     paths[kind] = lambda x=x, qw=qw: ql.kernel_matmul(x, qw)
                 paths[f"{kind}-dequant"] = lambda x=x, qw=qw: ql.dequant_linear(x, qw)
             cases[f"{inp}->{out} x{rows}"] = paths

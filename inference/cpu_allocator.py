@@ -1,4 +1,5 @@
-"""Keep freed heap memory mapped in a CPU engine process.
+"""Keep freed heap memory mapped in a CPU engine process, and hand back what loading
+freed.
 
 Each layer of a step allocates and frees megabytes (attention scores, gathered
 K/V). With glibc's defaults the top of the heap is handed back to the kernel
@@ -34,3 +35,19 @@ def keep_heap_pages(top_pad: int = TOP_PAD_BYTES) -> bool:
     if ok:
         log.info("glibc keeps %d MiB of freed heap mapped", top_pad >> 20)
     return ok
+
+
+def release_free_heap() -> bool:
+    """Hand the heap's free pages back to the kernel (glibc's malloc_trim), once the
+    model is loaded: the checkpoint's full-precision tensors that quantizing or bf16
+    storage freed lie in pieces of a few MB inside the heap, which glibc keeps
+    resident otherwise (an int4 SmolLM2 engine stayed as large as an fp32 one). False
+    where the C library isn't glibc."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    trim.argtypes = (ctypes.c_size_t,)
+    trim(0)
+    return True

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence as Seq
 
 from inference.config import EngineConfig
+from inference.cpu_allocator import release_free_heap
 from inference.detokenizer import detokenize_incrementally, find_stop_string
 from inference.kv_cache_manager import KVCacheManager
 from inference.kv_offload import attach_tier, build_tier, prewarm
@@ -51,6 +52,8 @@ class LLMEngine:
         self.runner = ModelRunner(config, weights.config, weights.state_dict)
         self.cpu_path = self.runner.cpu_path
         del weights
+        if self.runner.device.type == "cpu":
+            release_free_heap()
         self.model_name = config.model if config.model != str(path) else path.name
         self.max_model_len = min(
             config.max_model_len,
