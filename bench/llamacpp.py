@@ -42,6 +42,11 @@ and then, taking turns, llama-server first:
           tokens (ignore_eos where the server honours it): decode tokens/s = 1 / TPOT
           p50 over the rounds, and each round's ratio (the host's load drifts over
           minutes; back-to-back requests share it)
+  cold    3 rounds of one request each, a 512-token prompt new to the server (the
+          system prompt opens with the round's number, which no other prompt of the
+          run opens with: no prefix cache holds any of it beyond the chat template's
+          first tokens), alone on it, 4 reply tokens (ignore_eos as above): cold
+          prompt TTFT p50 over the rounds, and each round's ours / llama.cpp TTFT
 llama-server runs with -t THREADS -c 65536 --parallel 16 --kv-unified --cache-prompt
 (its slots keep their prompts' KV and report `cached_tokens`); our server with
 OMP_NUM_THREADS=THREADS and LLM_MAX_NUM_SEQS=16. --quick shrinks every workload.
@@ -89,6 +94,8 @@ DECODE_PROMPT = (
     "Write a long, detailed story about a journey across the mountains, with many "
     "chapters, characters and places. Do not stop early."
 )
+# The cold phase's user message, after its system prompt of new text.
+COLD_USER = "In one word, what is the text above about?"
 
 
 log = progress_log("bench llamacpp", clock=False)
@@ -107,6 +114,9 @@ class Sizes:
     prefix_reply_tokens: int = 16
     # fresh / warm pairs in all: the just-started server's, then new system prompts.
     prefix_rounds: int = 3
+    # Single requests on a prompt new to the server, after the decode rounds.
+    cold_rounds: int = 3
+    cold_reply_tokens: int = 4
 
 
 QUICK = Sizes(
@@ -119,6 +129,7 @@ QUICK = Sizes(
     prefix_requests=4,
     prefix_reply_tokens=8,
     prefix_rounds=1,
+    cold_rounds=1,
 )
 
 
@@ -329,6 +340,27 @@ def decode_workload(sizes: Sizes) -> wl.Workload:
     return wl.Workload("decode", [conv], sizes.decode_tokens, {"turns": 1})
 
 
+def cold_workload(sizes: Sizes, seed: int, round_index: int, tokenizer) -> wl.Workload:
+    """One round of the cold phase: one request whose system prompt of system_tokens
+    tokens is new text opening with the round's number ("1. ", "2. ", ...). Every
+    other prompt of the run opens with a word (the workloads' text, the decode
+    prompt, the warm-ups), so no earlier request shares even its first token after
+    the chat template's, and no two rounds share more than one (1 and 10 do)."""
+    count = wl.token_counter(tokenizer)
+    marker = f"{round_index + 1}."
+    marker_tokens = count(marker) if count else 1
+    body, body_tokens = wl.make_text(
+        wl._rng(seed, "cold", round_index), max(1, sizes.system_tokens - marker_tokens), count
+    )
+    system = f"{marker} {body}"
+    system_tokens = count(system) if count else marker_tokens + body_tokens
+    user_tokens = count(COLD_USER) if count else len(COLD_USER.split())
+    conv = wl.Conversation(0, system, [wl.Turn(COLD_USER, user_tokens)], system_tokens)
+    params = {"turns": 1, "system_tokens": sizes.system_tokens, "seed": seed,
+              "round": round_index + 1}  # fmt: skip
+    return wl.Workload("cold", [conv], sizes.cold_reply_tokens, params)
+
+
 # Seeds of later prefix rounds step by this, past any seed + 1 a round uses.
 PREFIX_ROUND_SEED_STEP = 1000
 
@@ -433,17 +465,19 @@ def run_server(server: Server, sizes: Sizes, seed: int, tokenizer, block_size: i
     return result
 
 
-def alternating_decode(
-    servers: dict[str, tuple[Server, int]], sizes: Sizes, tokenizer, timeout_s: float = 600
-) -> dict[str, dict]:
-    """The decode phase for each server (label -> (server, block size)): decode_rounds
-    rounds of one request per server in turn. Each server's result is a phase's, with
-    its per-round TPOTs."""
-    work = decode_workload(sizes)
+def alternating_rounds(
+    servers: dict[str, tuple[Server, int]],
+    works: list[wl.Workload],
+    tokenizer,
+    ignore_eos: bool,
+    timeout_s: float = 600,
+) -> dict[str, tuple[list, float]]:
+    """One request per server (label -> (server, block size)) in turn for each workload
+    of `works`, a round each: label -> (its records in round order, seconds)."""
 
-    async def rounds() -> dict[str, dict]:
+    async def rounds() -> dict[str, tuple[list, float]]:
         clients = {
-            label: serve.Client(client_args(server, True, timeout_s))
+            label: serve.Client(client_args(server, ignore_eos, timeout_s))
             for label, (server, _) in servers.items()
         }
         records = {label: [] for label in servers}
@@ -451,9 +485,9 @@ def alternating_decode(
         try:
             for client in clients.values():
                 await client.resolve_model()
-            for r in range(sizes.decode_rounds):
+            for r, work in enumerate(works):
                 for label, (_, block_size) in servers.items():
-                    log(f"{label}: decode, round {r + 1} of {sizes.decode_rounds}")
+                    log(f"{label}: {work.name}, round {r + 1} of {len(works)}")
                     _, recs, secs = await serve.measure(
                         clients[label], work, 1, tokenizer, block_size, False
                     )
@@ -462,15 +496,48 @@ def alternating_decode(
         finally:  # inside this loop: closed later, its connections would outlive the loop
             for client in clients.values():
                 await client.api.close()
-        return {
-            label: phase_result(
-                work, 1, True, records[label], seconds[label], rounds=sizes.decode_rounds,
-                tpot_s_by_round=[rec.tpot for rec in records[label]],
-            )  # fmt: skip
-            for label in servers
-        }
+        return {label: (records[label], seconds[label]) for label in servers}
 
     return asyncio.run(rounds())
+
+
+def alternating_decode(
+    servers: dict[str, tuple[Server, int]], sizes: Sizes, tokenizer, timeout_s: float = 600
+) -> dict[str, dict]:
+    """The decode phase for each server (label -> (server, block size)): decode_rounds
+    rounds of one request per server in turn. Each server's result is a phase's, with
+    its per-round TPOTs."""
+    work = decode_workload(sizes)
+    done = alternating_rounds(servers, [work] * sizes.decode_rounds, tokenizer, True, timeout_s)
+    return {
+        label: phase_result(
+            work, 1, True, records, seconds, rounds=sizes.decode_rounds,
+            tpot_s_by_round=[rec.tpot for rec in records],
+        )  # fmt: skip
+        for label, (records, seconds) in done.items()
+    }
+
+
+def alternating_cold(
+    servers: dict[str, tuple[Server, int]],
+    sizes: Sizes,
+    seed: int,
+    tokenizer,
+    timeout_s: float = 600,
+) -> dict[str, dict]:
+    """The cold phase for each server, as the decode phase: cold_rounds rounds of one
+    request per server in turn, each round on its own new prompt (the same one for
+    both servers). Each server's result is a phase's, with its per-round TTFTs."""
+    works = [cold_workload(sizes, seed, r, tokenizer) for r in range(sizes.cold_rounds)]
+    done = alternating_rounds(servers, works, tokenizer, True, timeout_s)
+    described = works[0] if works else cold_workload(sizes, seed, 0, tokenizer)
+    return {
+        label: phase_result(
+            described, 1, True, records, seconds, rounds=sizes.cold_rounds,
+            ttft_s_by_round=[rec.ttft for rec in records],
+        )  # fmt: skip
+        for label, (records, seconds) in done.items()
+    }
 
 
 @dataclass
@@ -487,8 +554,8 @@ def measured_pair(
     contenders: list[Contender], sizes: Sizes, seed: int, tokenizer
 ) -> dict[str, dict]:
     """Start the pair's servers, run each one's workloads in turn and then the decode
-    rounds of those that serve, stop them: label -> run. A server that fails to start
-    or crashes is recorded with its error; the comparison goes on."""
+    rounds and the cold rounds of those that serve, stop them: label -> run. A server
+    that fails to start or crashes is recorded with its error; the comparison goes on."""
     runs: dict[str, dict] = {}
     live: dict[str, tuple[Server, int]] = {}
     try:
@@ -504,6 +571,8 @@ def measured_pair(
                 runs[c.label] = {**c.info, **run_server(server, sizes, seed, tokenizer, c.block_size)}
         for label, decode in alternating_decode(live, sizes, tokenizer).items():
             runs[label]["decode"] = decode
+        for label, cold in alternating_cold(live, sizes, seed, tokenizer).items():
+            runs[label]["cold"] = cold
     finally:
         for server, _ in live.values():
             server.stop()
@@ -520,6 +589,14 @@ def decode_ratio_by_round(ours: dict, theirs: dict) -> list[float | None]:
     return [t / o if o and t else None for o, t in pairs]
 
 
+def cold_ratio_by_round(ours: dict, theirs: dict) -> list[float | None]:
+    """Each cold round's ours / llama.cpp TTFT (at most 1.0 meets the target)."""
+    if "error" in ours or "error" in theirs:
+        return []
+    pairs = zip(ours["cold"]["ttft_s_by_round"], theirs["cold"]["ttft_s_by_round"], strict=False)
+    return [o / t if o and t else None for o, t in pairs]
+
+
 # --- figures and the table -----------------------------------------------------
 # (key, label, how to print it, which way is better)
 METRICS = (
@@ -533,6 +610,8 @@ METRICS = (
     ("warm_ttft_p50_ms", "first-turn TTFT p50, warm (ms)", "{:.0f}", "lower"),
     ("fresh_over_warm", "fresh / warm first-turn TTFT p50", "{:.2f}", None),
     ("fresh_over_warm_median", "  median of the prefix rounds", "{:.2f}", None),
+    # {system_tokens}: the run's Sizes.system_tokens (512; 256 with --quick).
+    ("cold_ttft_p50_ms", "cold {system_tokens}-token prompt TTFT p50 (ms)", "{:.0f}", "lower"),
 )
 
 
@@ -559,6 +638,7 @@ def figures(run: dict) -> dict:
     multi = run["multiturn"]["summary"]
     fresh = run["fresh"]["summary"]["ttft_s"]["p50"]
     warm = run["warm"]["summary"]["ttft_s"]["p50"]
+    cold = run["cold"]["summary"]["ttft_s"]["p50"]
     by_round = fresh_over_warm_by_round(run)
     measured = [r for r in by_round if r is not None]
     return {
@@ -574,6 +654,7 @@ def figures(run: dict) -> dict:
         "warm_ttft_p50_ms": _ms(warm),
         "fresh_over_warm": by_round[0],  # the just-started server's round
         "fresh_over_warm_median": statistics.median(measured) if measured else None,
+        "cold_ttft_p50_ms": _ms(cold),
     }
 
 
@@ -581,12 +662,12 @@ def ratio(ours: float | None, theirs: float | None) -> float | None:
     return None if ours is None or not theirs else ours / theirs
 
 
-def pair_rows(ours: dict, theirs: dict) -> list[dict]:
+def pair_rows(ours: dict, theirs: dict, system_tokens: int = Sizes.system_tokens) -> list[dict]:
     """One row per metric: both figures and ours / llama.cpp."""
     return [
         {
             "metric": key,
-            "label": label,
+            "label": label.format(system_tokens=system_tokens),
             "better": better,
             "ours": ours.get(key),
             "llamacpp": theirs.get(key),
@@ -623,6 +704,11 @@ def table(pairs: list[dict], kernel_path: dict | None = None) -> str:
         by_round = pair.get("decode_ratio_by_round")
         if by_round:
             lines.append("decode ours/l.cpp by round: " + " ".join(_fmt(r, "{:.2f}") for r in by_round))
+        cold = pair.get("cold_ratio_by_round")
+        if cold:
+            lines.append(
+                "cold TTFT ours/l.cpp by round: " + " ".join(_fmt(r, "{:.2f}") for r in cold)
+            )
         prefix = pair.get("fresh_over_warm_by_round") or {}
         if prefix:
             lines.append("fresh/warm by round: " + "; ".join(
@@ -798,8 +884,9 @@ def compare(args: argparse.Namespace) -> dict:
                 "llamacpp_type": gguf_type,
                 "ours_run": ours,
                 "llamacpp_run": theirs,
-                "rows": pair_rows(figures(runs[ours]), figures(runs[theirs])),
+                "rows": pair_rows(figures(runs[ours]), figures(runs[theirs]), sizes.system_tokens),
                 "decode_ratio_by_round": decode_ratio_by_round(runs[ours], runs[theirs]),
+                "cold_ratio_by_round": cold_ratio_by_round(runs[ours], runs[theirs]),
                 "fresh_over_warm_by_round": {
                     side: fresh_over_warm_by_round(runs[label])
                     for side, label in (("ours", ours), ("llamacpp", theirs))

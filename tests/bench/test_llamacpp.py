@@ -363,6 +363,44 @@ def test_decode_workload_is_one_request_a_round():
     assert work.conversations[0].messages([]) == [{"role": "user", "content": lc.DECODE_PROMPT}]
 
 
+class _WordTokenizer:
+    """Counts words as tokens (the fake of SmolLM2's tokenizer)."""
+
+    def encode(self, text, add_special_tokens=False):
+        return text.split()
+
+
+@pytest.mark.parametrize("tokenizer", [None, _WordTokenizer()])
+def test_cold_prompts_are_new_to_the_server(tokenizer):
+    """Each cold round's prompt is system_tokens long and opens with what no other
+    prompt of the run opens with: not another round's, not any other phase's."""
+    sizes = dataclasses.replace(lc.Sizes(), cold_rounds=12)
+    assert (lc.Sizes().cold_rounds, lc.QUICK.cold_rounds) == (3, 1)
+    colds = [lc.cold_workload(sizes, 0, r, tokenizer) for r in range(sizes.cold_rounds)]
+    for r, work in enumerate(colds):
+        assert work.name == "cold" and work.num_requests == 1
+        assert work.reply_tokens == sizes.cold_reply_tokens <= 4
+        conv = work.conversations[0]
+        assert conv.system.split()[0] == f"{r + 1}."
+        assert conv.system_tokens == len(conv.system.split()) == sizes.system_tokens
+        assert conv.messages([])[0] == {"role": "system", "content": conv.system}
+        assert not work.system_seen_before(0, warmed=False)
+    systems = [w.conversations[0].system for w in colds]
+    assert len({s.split()[0] for s in systems}) == len(systems)
+    # The first rounds (the default 3 and more) differ from each other at the first character.
+    assert len({s[0] for s in systems[:9]}) == 9
+    # Every other prompt the run sends opens with a word, never a digit.
+    fresh, warm = lc.shared_prefix_workloads(sizes, 0, tokenizer)
+    later, _ = lc.shared_prefix_workloads(sizes, lc.PREFIX_ROUND_SEED_STEP, tokenizer)
+    multi = lc.multiturn_workload(sizes, 0, tokenizer)
+    others = [lc.decode_workload(sizes), fresh, warm, later, multi]
+    openings = [m["content"] for w in others for m in w.warmup_messages()]
+    openings += [m["content"] for w in others for c in w.conversations for m in c.messages([])[:1]]
+    assert openings and not [o for o in openings if o[:1].isdigit() or o in systems]
+    # Another seed, another text after the same opening.
+    assert lc.cold_workload(sizes, 1, 0, tokenizer).conversations[0].system != systems[0]
+
+
 # --- figures and the table -----------------------------------------------------
 def _phase(ttft: float, tpot: float, tokens: int, n: int, cached: int, duration: float) -> dict:
     """A phase's result as `phase` returns it, from records with chosen timestamps."""
@@ -378,12 +416,13 @@ def _phase(ttft: float, tpot: float, tokens: int, n: int, cached: int, duration:
 
 
 def _run(ttft_fresh: float, ttft_warm: float, tpot: float, mt_duration: float,
-         later_rounds: tuple = ()) -> dict:
+         later_rounds: tuple = (), ttft_cold: float = 0.3) -> dict:
     """A server's run; later_rounds: (fresh, warm) TTFTs of the prefix rounds after the first."""
     return {
         "fresh": _phase(ttft_fresh, 0.01, 8, 4, 0, 1.0),
         "warm": _phase(ttft_warm, 0.01, 8, 4, 50, 1.0),
         "decode": _phase(0.05, tpot, 256, 2, 0, 10.0),
+        "cold": _phase(ttft_cold, 0.01, 4, 3, 0, 3.0),
         "multiturn": _phase(0.2, 0.05, 64, 10, 80, mt_duration),
         "prefix_rounds": [
             {"fresh": _phase(f, 0.01, 8, 4, 0, 1.0), "warm": _phase(w, 0.01, 8, 4, 50, 1.0)}
@@ -402,6 +441,7 @@ def test_figures_of_a_run():
     assert fig["fresh_ttft_p50_ms"] == pytest.approx(400.0)
     assert fig["fresh_over_warm"] == pytest.approx(4.0)
     assert fig["fresh_over_warm_median"] == pytest.approx(4.0)  # the one round
+    assert fig["cold_ttft_p50_ms"] == pytest.approx(300.0)
 
 
 def test_later_prefix_rounds_give_the_median_fresh_over_warm():
@@ -462,10 +502,45 @@ def test_ratio_table_from_two_runs():
     assert "decode ours/l.cpp by round: 1.23 -" in text
 
 
+def test_cold_prompt_row_and_ratios():
+    ours = lc.figures(_run(0.4, 0.1, 0.02, 8.0, ttft_cold=0.45))
+    theirs = lc.figures(_run(0.2, 0.1, 0.01, 4.0, ttft_cold=0.5))
+    rows = {r["metric"]: r for r in lc.pair_rows(ours, theirs)}
+    cold = rows["cold_ttft_p50_ms"]
+    assert cold["label"] == "cold 512-token prompt TTFT p50 (ms)" and cold["better"] == "lower"
+    assert (cold["ours"], cold["llamacpp"]) == (pytest.approx(450.0), pytest.approx(500.0))
+    assert cold["ratio"] == pytest.approx(0.9)
+    quick = {r["metric"]: r for r in lc.pair_rows(ours, theirs, lc.QUICK.system_tokens)}
+    assert quick["cold_ttft_p50_ms"]["label"] == "cold 256-token prompt TTFT p50 (ms)"
+    # The existing rows stay as they were, in their order, the cold one after them.
+    assert list(rows)[-1] == "cold_ttft_p50_ms"
+    assert list(rows)[:-1] == [
+        "decode_tok_s", "decode_reply_tokens", "multiturn_output_tok_s", "multiturn_ttft_p50_ms",
+        "multiturn_ttft_p90_ms", "multiturn_cached_share", "fresh_ttft_p50_ms",
+        "warm_ttft_p50_ms", "fresh_over_warm", "fresh_over_warm_median",
+    ]  # fmt: skip
+    pair = {"ours_dtype": "int8", "llamacpp_type": "Q8_0", "rows": list(rows.values()),
+            "cold_ratio_by_round": [0.912, None]}  # fmt: skip
+    lines = lc.table([pair]).splitlines()
+    cold_line = next(line for line in lines if line.startswith("cold 512-token prompt TTFT p50"))
+    assert cold_line.split()[-4:] == ["450", "500", "0.90", "v"]
+    assert "cold TTFT ours/l.cpp by round: 0.91 -" in lines
+
+
+def test_cold_ratio_by_round_pairs_the_rounds():
+    ours = {"cold": {"ttft_s_by_round": [0.4, 0.5, None]}}
+    theirs = {"cold": {"ttft_s_by_round": [0.5, 0.5, 0.6]}}
+    assert lc.cold_ratio_by_round(ours, theirs) == [pytest.approx(0.8), pytest.approx(1.0), None]
+    assert lc.cold_ratio_by_round({"error": "exited"}, theirs) == []
+
+
 def test_missing_figures_print_as_dashes():
     empty = {"summary": summarize([], 0.0), "by_turn": []}
-    fig = lc.figures({"fresh": empty, "warm": empty, "decode": empty, "multiturn": empty})
+    fig = lc.figures(
+        {"fresh": empty, "warm": empty, "decode": empty, "multiturn": empty, "cold": empty}
+    )
     assert fig["decode_tok_s"] is None and fig["fresh_over_warm"] is None
+    assert fig["cold_ttft_p50_ms"] is None
     rows = lc.pair_rows(fig, fig)
     assert all(r["ratio"] is None for r in rows)
     pair = {"ours_dtype": "bf16", "llamacpp_type": "BF16", "rows": rows}
@@ -495,16 +570,108 @@ def test_a_server_that_fails_is_recorded_and_the_pair_goes_on(monkeypatch, tmp_p
     monkeypatch.setattr(lc, "run_server", lambda server, *a: {"startup_s": server.startup_s})
     decoded = []
     monkeypatch.setattr(lc, "alternating_decode",
-                        lambda live, *a: decoded.append(list(live)) or {k: {} for k in live})
+                        lambda live, *a: decoded.append(("decode", list(live))) or {k: {} for k in live})
+    monkeypatch.setattr(lc, "alternating_cold",
+                        lambda live, *a: decoded.append(("cold", list(live))) or {k: {} for k in live})
     runs = lc.measured_pair(
         [_contender("llamacpp-Q8_0", refuse), _contender("ours-int8", lambda label: fake)],
         lc.QUICK, 0, None,
     )  # fmt: skip
     assert runs["llamacpp-Q8_0"] == {"server": "llamacpp", "error": "server exited with -11"}
     assert set(lc.figures(runs["llamacpp-Q8_0"]).values()) == {None}
-    assert runs["ours-int8"] == {"server": "ours", "startup_s": 1.0, "decode": {}}
-    assert decoded == [["ours-int8"]] and proc.returncode == -15
+    assert runs["ours-int8"] == {"server": "ours", "startup_s": 1.0, "decode": {}, "cold": {}}
+    assert decoded == [("decode", ["ours-int8"]), ("cold", ["ours-int8"])]
+    assert proc.returncode == -15
     assert lc.decode_ratio_by_round(runs["ours-int8"], runs["llamacpp-Q8_0"]) == []
+    assert lc.cold_ratio_by_round(runs["ours-int8"], runs["llamacpp-Q8_0"]) == []
+
+
+class _FakeClient:
+    """serve.Client without the network: the fake measure below answers for it."""
+
+    def __init__(self, args):
+        self.args, self.closed = args, False
+
+        async def close():
+            self.closed = True
+
+        self.api = type("Api", (), {"close": staticmethod(close)})()
+
+    async def resolve_model(self):
+        return "m"
+
+
+def _fake_measure(seen: list, ttft: dict, tpot: float = 0.02):
+    """serve.measure that records (server, workload, its system prompt, ignore_eos) and
+    answers with one request of the server's TTFT."""
+
+    async def measure(client, workload, concurrency, tokenizer, block_size, warmup):
+        assert concurrency == 1 and warmup is False and workload.num_requests == 1
+        server = client.args.url
+        seen.append((server, workload.name, workload.conversations[0].system,
+                     client.args.ignore_eos))  # fmt: skip
+        rec = RequestRecord(conversation=0, turn=1, start=0.0)
+        rec.first_token, rec.completion_tokens = ttft[server], workload.reply_tokens
+        rec.end = ttft[server] + tpot * (workload.reply_tokens - 1)
+        rec.chunk_times = [rec.first_token]
+        return None, [rec], rec.end
+
+    return measure
+
+
+def _live_pair() -> dict:
+    return {
+        label: (lc.Server(label, url, _FakeProc(), None, 1.0), block)
+        for label, url, block in (("llamacpp-BF16", "http://l", 1), ("ours-bf16", "http://o", 16))
+    }
+
+
+def test_cold_rounds_alternate_on_a_new_prompt_each(monkeypatch):
+    seen = []
+    monkeypatch.setattr(lc.serve, "Client", _FakeClient)
+    monkeypatch.setattr(lc.serve, "measure", _fake_measure(seen, {"http://l": 0.5, "http://o": 0.4}))
+    sizes = dataclasses.replace(lc.QUICK, cold_rounds=3)
+    cold = lc.alternating_cold(_live_pair(), sizes, 0, None)
+    # llama-server first, then ours, round by round; both get the round's prompt.
+    assert [(s[0], s[1]) for s in seen] == [("http://l", "cold"), ("http://o", "cold")] * 3
+    systems = [s[2] for s in seen]
+    assert systems[0::2] == systems[1::2] and len(set(systems)) == 3
+    assert all(s[3] for s in seen)  # ignore_eos: the first token is never an end
+    for label, ttft in (("llamacpp-BF16", 0.5), ("ours-bf16", 0.4)):
+        assert cold[label]["rounds"] == 3 and cold[label]["concurrency"] == 1
+        assert cold[label]["ttft_s_by_round"] == [pytest.approx(ttft)] * 3
+        assert cold[label]["workload"]["name"] == "cold"
+        assert cold[label]["summary"]["ttft_s"]["p50"] == pytest.approx(ttft)
+    runs = {"ours": {"cold": cold["ours-bf16"]}, "theirs": {"cold": cold["llamacpp-BF16"]}}
+    assert lc.cold_ratio_by_round(runs["ours"], runs["theirs"]) == [pytest.approx(0.8)] * 3
+
+
+def test_decode_rounds_still_alternate_on_one_prompt(monkeypatch):
+    seen = []
+    monkeypatch.setattr(lc.serve, "Client", _FakeClient)
+    monkeypatch.setattr(lc.serve, "measure", _fake_measure(seen, {"http://l": 0.1, "http://o": 0.1}))
+    sizes = dataclasses.replace(lc.QUICK, decode_rounds=2)
+    decode = lc.alternating_decode(_live_pair(), sizes, None)
+    assert [(s[0], s[1]) for s in seen] == [("http://l", "decode"), ("http://o", "decode")] * 2
+    assert all(s[3] for s in seen)
+    for run in decode.values():
+        assert run["rounds"] == 2 and run["tpot_s_by_round"] == [pytest.approx(0.02)] * 2
+        assert "ttft_s_by_round" not in run
+
+
+def test_cold_rounds_come_after_the_decode_rounds(monkeypatch):
+    calls = []
+    monkeypatch.setattr(lc, "run_server", lambda server, *a: calls.append("workloads") or {})
+    monkeypatch.setattr(lc, "alternating_decode",
+                        lambda live, *a: calls.append("decode") or {k: {"d": 1} for k in live})
+    monkeypatch.setattr(lc, "alternating_cold",
+                        lambda live, *a: calls.append("cold") or {k: {"c": 1} for k in live})
+    fakes = [lc.Server(label, "http://127.0.0.1:1", _FakeProc(), None, 1.0)
+             for label in ("llamacpp-BF16", "ours-bf16")]  # fmt: skip
+    runs = lc.measured_pair([_contender(f.label, lambda label, f=f: f) for f in fakes],
+                            lc.QUICK, 0, None)  # fmt: skip
+    assert calls == ["workloads", "workloads", "decode", "cold"]
+    assert all(run["cold"] == {"c": 1} and run["decode"] == {"d": 1} for run in runs.values())
 
 
 def test_both_servers_are_stopped_when_a_workload_fails(monkeypatch, tmp_path):
@@ -683,6 +850,8 @@ def test_compare_puts_the_kernel_paths_in_the_json(avx512_host, monkeypatch, tmp
         }  # fmt: skip
         for run in runs.values():
             run["decode"]["tpot_s_by_round"] = [0.02]
+        runs["llamacpp-Q4_1"]["cold"]["ttft_s_by_round"] = [0.5]
+        runs["ours-int4"]["cold"]["ttft_s_by_round"] = [0.45]
         return runs
 
     monkeypatch.setattr(lc, "measured_pair", fake_pair)
@@ -702,5 +871,18 @@ def test_compare_puts_the_kernel_paths_in_the_json(avx512_host, monkeypatch, tmp
     assert result["llama_cpp"]["isa"] == "avx2"
     assert result["llama_cpp"]["cmake_flags"] == list(AVX2_FLAGS)
     assert result["llama_cpp"]["binary"] == str(lb.binary(tmp_path, "llama-server", isa="avx2"))
-    assert "kernel paths: ours avx2 (forced), llama.cpp avx2" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "kernel paths: ours avx2 (forced), llama.cpp avx2" in printed
+    # The cold row (--quick: a 256-token prompt) and its ratio by round, in the JSON too.
+    written = lc.json.loads(out.read_text())
+    (pair,) = written["pairs"]
+    cold = next(r for r in pair["rows"] if r["metric"] == "cold_ttft_p50_ms")
+    assert cold["label"] == "cold 256-token prompt TTFT p50 (ms)"
+    assert cold["ratio"] == pytest.approx(1.0)  # _run's cold TTFTs are the same
+    assert pair["cold_ratio_by_round"] == [pytest.approx(0.9)]
+    assert "decode_ratio_by_round" in pair and "fresh_over_warm_by_round" in pair
+    assert written["runs"]["ours-int4"]["cold"]["ttft_s_by_round"] == [0.45]
+    assert written["sizes"]["cold_rounds"] == 1
+    assert "cold 256-token prompt TTFT p50 (ms)" in printed
+    assert "cold TTFT ours/l.cpp by round: 0.90" in printed
     assert titles == ["Multi-turn TTFT: ours [avx2, forced] vs llama.cpp [avx2]"]
