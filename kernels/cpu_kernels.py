@@ -205,6 +205,26 @@ def causal_softmax_(scores: torch.Tensor, n: int) -> torch.Tensor:
     return scores
 
 
+def check_paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       tables: torch.Tensor, lens: torch.Tensor, dtype: torch.dtype) -> None:
+    """ValueError unless a paged decode attention call (this library's or the fp32
+    one's) can read these: contiguous CPU query and caches in dtype, of one shape,
+    heads a multiple of the KV heads, int64 tables and lens, one of each per query."""
+    batch, heads, head_dim = query.shape
+    kv_heads, cache_dim = k_cache.shape[2], k_cache.shape[3]
+    tensors = (query, k_cache, v_cache)
+    if not (all(t.is_cpu and t.dtype == dtype and t.is_contiguous() for t in tensors)
+            and v_cache.shape == k_cache.shape):
+        name = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
+        raise ValueError(f"expected contiguous {name} query and caches of one shape")
+    if cache_dim != head_dim or heads % kv_heads:
+        raise ValueError(f"{heads} heads of {head_dim} over a cache of {kv_heads} x {cache_dim}")
+    if tables.dtype != torch.int64 or lens.dtype != torch.int64 or tables.stride(-1) != 1:
+        raise ValueError("expected int64 tables (rows contiguous) and lens")
+    if tables.shape[0] != batch or lens.shape != (batch,) or not lens.is_contiguous():
+        raise ValueError("expected one table row and one length per query")
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -217,16 +237,9 @@ def paged_decode_attention(
     lens[b] cached tokens, read through tables [B, >= ceil(lens / block_size)] from
     the bf16 caches [blocks, block_size, kv_heads, D]: bf16 [B, H, D]."""
     lib = loaded()
+    check_paged_decode(query, k_cache, v_cache, tables, lens, torch.bfloat16)
     batch, heads, head_dim = query.shape
-    _, block_size, kv_heads, cache_dim = k_cache.shape
-    if not (_bf16_cpu(query, k_cache, v_cache) and v_cache.shape == k_cache.shape):
-        raise ValueError("expected contiguous bf16 query and caches of one shape")
-    if cache_dim != head_dim or heads % kv_heads:
-        raise ValueError(f"{heads} heads of {head_dim} over a cache of {kv_heads} x {cache_dim}")
-    if tables.dtype != torch.int64 or lens.dtype != torch.int64 or tables.stride(-1) != 1:
-        raise ValueError("expected int64 tables (rows contiguous) and lens")
-    if tables.shape[0] != batch or lens.shape != (batch,) or not lens.is_contiguous():
-        raise ValueError("expected one table row and one length per query")
+    _, block_size, kv_heads, _ = k_cache.shape
     out = torch.empty_like(query)
     rc = lib.paged_decode_attention_bf16(
         query.data_ptr(),

@@ -20,6 +20,7 @@ import torch
 from kernels import c_build, quant_layout
 from kernels.c_build import compiler
 from kernels.cpu_features import AVX2_FLAGS, cpu_flags, cpu_path
+from kernels.cpu_kernels import check_paged_decode
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = (CSRC / "f32" / "linear.c", CSRC / "f32" / "decode.c")
@@ -137,7 +138,7 @@ def dequantize(kind: str, data: torch.Tensor, scale: torch.Tensor | None,
     return dst
 
 
-def runs_decode(k_cache: torch.Tensor, heads: int | None = None) -> bool:
+def runs_decode(k_cache: torch.Tensor) -> bool:
     """True where paged_decode_attention takes this cache: fp32 on the CPU, contiguous,
     head_dim a multiple of 8 up to 256, and the kernels here."""
     head_dim = k_cache.shape[-1]
@@ -150,16 +151,9 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     lens[b] cached tokens read through tables from fp32 caches [blocks, block_size,
     kv_heads, D]: fp32 [B, H, D]."""
     lib = loaded()
+    check_paged_decode(query, k_cache, v_cache, tables, lens, torch.float32)
     batch, heads, head_dim = query.shape
-    _, block_size, kv_heads, cache_dim = k_cache.shape
-    if not (_f32_cpu(query, k_cache, v_cache) and v_cache.shape == k_cache.shape):
-        raise ValueError("expected contiguous fp32 query and caches of one shape")
-    if cache_dim != head_dim or heads % kv_heads:
-        raise ValueError(f"{heads} heads of {head_dim} over a cache of {kv_heads} x {cache_dim}")
-    if tables.dtype != torch.int64 or lens.dtype != torch.int64 or tables.stride(-1) != 1:
-        raise ValueError("expected int64 tables (rows contiguous) and lens")
-    if tables.shape[0] != batch or lens.shape != (batch,) or not lens.is_contiguous():
-        raise ValueError("expected one table row and one length per query")
+    _, block_size, kv_heads, _ = k_cache.shape
     out = torch.empty_like(query)
     rc = lib.f32_paged_decode_attention(
         query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),

@@ -26,4 +26,18 @@ typedef struct {
     const void *norm; /* the final norm's weight */
 } stack_model;
 
+/* The widest padded input and the widest output of any layer's matmuls: the sizes
+   of a step's activation buffers. */
+static inline void stack_widths(const stack_model *m, int64_t *in_pad, int64_t *width) {
+    *in_pad = *width = 0;
+    for (int64_t l = 0; l < m->layers; l++) {
+        const stack_matmul *ws[4] = {&m->layer[l].qkv, &m->layer[l].o, &m->layer[l].gate_up,
+                                     &m->layer[l].down};
+        for (int i = 0; i < 4; i++) {
+            *in_pad = ws[i]->in_pad > *in_pad ? ws[i]->in_pad : *in_pad;
+            *width = ws[i]->out > *width ? ws[i]->out : *width;
+        }
+    }
+}
+
 #endif

@@ -195,15 +195,8 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
         return 2;
     const int64_t q_size = heads * hd, kv_size = kv_heads * hd, qkv_out = q_size + 2 * kv_size;
     const int64_t token = kv_size, layer_stride = num_blocks * m->block_size * token;
-    int64_t in_pad = 0, width = 0;
-    for (int64_t l = 0; l < m->layers; l++) {
-        const stack_matmul *ws[4] = {&m->layer[l].qkv, &m->layer[l].o, &m->layer[l].gate_up,
-                                     &m->layer[l].down};
-        for (int i = 0; i < 4; i++) {
-            in_pad = ws[i]->in_pad > in_pad ? ws[i]->in_pad : in_pad;
-            width = ws[i]->out > width ? ws[i]->out : width;
-        }
-    }
+    int64_t in_pad, width;
+    stack_widths(m, &in_pad, &width);
     if (m->layer[0].qkv.out != qkv_out || m->layer[0].gate_up.out != 2 * inter) return 2;
     float *buf = malloc((size_t)(rows * (in_pad + width + 2 * q_size)) * sizeof(float));
     if (!buf) return 1;
