@@ -30,10 +30,10 @@ test: install
 	# The browser tests drive Debian's Chromium (Playwright never downloads a browser here).
 	test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
 	$(VENV)/bin/ruff check .
-	# In the test process nothing loads the model or samples the dashboard behind the
-	# tests' backs (live servers set their own values); one torch thread per process
-	# keeps pytest and its live servers from fighting over two cores.
-	LLM_PRELOAD=0 DASHBOARD_SAMPLE_INTERVAL_S=0 OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
+	# In the test process nothing loads the model, samples the dashboard or sweeps for
+	# orphaned replies behind the tests' backs (live servers set their own values); one
+	# torch thread per process keeps pytest and its live servers from fighting over two cores.
+	LLM_PRELOAD=0 DASHBOARD_SAMPLE_INTERVAL_S=0 CHAT_ORPHAN_SWEEP_S=0 OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 # The kernel and engine tests on a lesser kernel path than this CPU's best, with torch's
 # and oneDNN's own kernels brought down to it (kernels/cpu_features.py): an AVX512 host

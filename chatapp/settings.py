@@ -169,9 +169,15 @@ CHAT_TOP_P = float(os.environ.get("CHAT_TOP_P", "0.9"))
 # A streamed reply goes out in batches of this many tokens (or after CHAT_STREAM_FLUSH_S).
 CHAT_STREAM_BATCH_TOKENS = int(os.environ.get("CHAT_STREAM_BATCH_TOKENS", "4"))
 CHAT_STREAM_FLUSH_S = float(os.environ.get("CHAT_STREAM_FLUSH_S", "0.1"))
-# A running reply is touched every CHAT_HEARTBEAT_S; one untouched for CHAT_STALE_REPLY_S
-# was left by a process that died, and is marked failed so the conversation can go on.
-CHAT_HEARTBEAT_S = float(os.environ.get("CHAT_HEARTBEAT_S", "20"))
+# A running reply is persisted (its text, ids and usage so far) every CHAT_HEARTBEAT_S:
+# at most that much is lost when its process dies. One claimed by a process but untouched
+# for CHAT_ORPHAN_S has lost it and is finished as interrupted; one queued for a worker
+# and never claimed gets CHAT_STALE_REPLY_S.
+CHAT_HEARTBEAT_S = float(os.environ.get("CHAT_HEARTBEAT_S", "1"))
+CHAT_ORPHAN_S = float(os.environ.get("CHAT_ORPHAN_S", "10"))
+# Every serving process looks for orphans at start-up and then this often (0: never; a
+# send or an opened conversation still does).
+CHAT_ORPHAN_SWEEP_S = float(os.environ.get("CHAT_ORPHAN_SWEEP_S", str(CHAT_ORPHAN_S / 2)))
 CHAT_STALE_REPLY_S = float(os.environ.get("CHAT_STALE_REPLY_S", "120"))
 
 # Replies stopped in a worker: the generation reads its stop flag this often (seconds).

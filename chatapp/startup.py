@@ -9,6 +9,7 @@ from celery.signals import worker_process_init
 
 from chatapp.dashboard.sampling import start_sampler
 from chatapp.generation.engine import preload_in_background
+from chatapp.generation.orphans import start_sweeper
 
 
 def start_process(*, preload: bool) -> None:
@@ -17,6 +18,9 @@ def start_process(*, preload: bool) -> None:
     # History samples for the cache dashboard (a no-op until the engine is loaded; never
     # raises into chat). DASHBOARD_SAMPLE_INTERVAL_S=0 turns it off.
     start_sampler()
+    # Replies a dead process left streaming (this one's predecessor first) are finished
+    # as interrupted, with their text.
+    start_sweeper()
 
 
 @worker_process_init.connect

@@ -52,6 +52,9 @@ class Message(models.Model):
         STREAMING = "streaming"
         DONE = "done"
         STOPPED = "stopped"
+        # Its process died mid-reply: the text persisted until then is kept (see
+        # chatapp.generation.orphans); Continue resumes it.
+        INTERRUPTED = "interrupted"
         ERROR = "error"
 
     # A reply in one of these is still being generated.
@@ -86,6 +89,9 @@ class Message(models.Model):
     # The claim of the generation now writing this reply; a generation whose claim was
     # taken over (its worker looked dead) may no longer write it.
     lease = models.CharField(max_length=32, blank=True, default="")
+    # The process generating this reply ("host:pid:token", see chatapp.generation.orphans):
+    # a reply whose process is gone is finished as interrupted.
+    runner = models.CharField(max_length=200, blank=True, default="")
     # Stop asked for by a process that does not run the generation (it runs in a worker).
     stop_requested = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -93,7 +99,12 @@ class Message(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
-        indexes = [models.Index(fields=["conversation", "parent"])]
+        indexes = [
+            models.Index(fields=["conversation", "parent"]),
+            # Only the few replies being generated: what the orphan sweep reads.
+            models.Index(fields=["status"], name="message_active_idx",
+                         condition=models.Q(status__in=["pending", "streaming"])),
+        ]
 
     def __str__(self) -> str:
         return f"{self.role} #{self.pk} ({self.status})"
@@ -106,3 +117,11 @@ class Message(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in self.ACTIVE
+
+    @property
+    def can_continue(self) -> bool:
+        """A reply cut short (interrupted, stopped, or at its token limit) that ends its
+        branch: Continue generates more of it."""
+        cut = self.status in (self.Status.INTERRUPTED, self.Status.STOPPED) or (
+            self.status == self.Status.DONE and self.finish_reason == "length")
+        return self.role == self.Role.ASSISTANT and cut and bool(self.token_ids)

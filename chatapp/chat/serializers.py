@@ -15,8 +15,13 @@ def usage_dict(message: Message) -> dict | None:
         "ttft_ms": None if message.ttft is None else round(message.ttft * 1000, 1),
     }
     if message.prefix_cache:
-        # The cache receipt: why the prefix-cache match ended where it did.
-        usage["prefix_cache"] = message.prefix_cache
+        # The cache receipt: why the prefix-cache match ended where it did. Receipts
+        # stored before issue 26 may say "salt" (another tenant had those tokens): that
+        # is the tenant's own "cold", and nothing about another tenant is shown.
+        receipt = dict(message.prefix_cache)
+        if receipt.get("reason") == "salt":
+            receipt["reason"] = "cold"
+        usage["prefix_cache"] = receipt
     return usage
 
 
@@ -32,6 +37,7 @@ def message_dict(message: Message) -> dict:
         "error": message.error or None,
         "usage": usage_dict(message),
         "served_by": message.served_by or None,
+        "can_continue": message.can_continue,
         "created_at": message.created_at.isoformat() if message.created_at else None,
     }
 

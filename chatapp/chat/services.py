@@ -8,6 +8,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from chatapp.chat import selectors
@@ -74,21 +75,35 @@ def conversation_rename(*, conversation: Conversation, title: object) -> Convers
     return conversation
 
 
-INTERRUPTED = "The server stopped while this reply was being generated; regenerate it."
-
-
-def replies_recover_stale(*, conversation: Conversation) -> int:
-    """Mark as failed the replies a dead process left pending or streaming; returns how many.
-
-    A running generation touches its reply every CHAT_HEARTBEAT_S seconds, so one
-    untouched for CHAT_STALE_REPLY_S has no process behind it any more; without this
-    a restart mid-reply would leave the conversation busy for ever.
-    """
+def replies_interrupt(*, replies) -> list[int]:
+    """Finish the active replies of `replies` (a queryset) as interrupted: their process
+    died. The text, ids and usage their generation persisted stay; returns their ids."""
     now = timezone.now()
-    return Message.objects.filter(
-        conversation=conversation, status__in=Message.ACTIVE,
-        updated_at__lt=now - timedelta(seconds=settings.CHAT_STALE_REPLY_S),
-    ).update(status=Message.Status.ERROR, finish_reason="error", error=INTERRUPTED, updated_at=now)
+    ids = list(replies.filter(status__in=Message.ACTIVE).values_list("pk", flat=True))
+    if ids:
+        # The status filter again: a reply finished meanwhile by its (live) generation wins.
+        Message.objects.filter(pk__in=ids, status__in=Message.ACTIVE).update(
+            status=Message.Status.INTERRUPTED, finish_reason="interrupted", updated_at=now)
+    return ids
+
+
+def stale_replies(*, conversation: Conversation | None = None):
+    """Active replies no live process can be behind: a running generation persists its
+    reply every CHAT_HEARTBEAT_S, so one claimed but untouched for CHAT_ORPHAN_S has lost
+    its process; one never claimed (queued for a worker) gets CHAT_STALE_REPLY_S."""
+    now = timezone.now()
+    replies = Message.objects.filter(status__in=Message.ACTIVE)
+    if conversation is not None:
+        replies = replies.filter(conversation=conversation)
+    claimed = Q(runner__gt="", updated_at__lt=now - timedelta(seconds=settings.CHAT_ORPHAN_S))
+    queued = Q(runner="", updated_at__lt=now - timedelta(seconds=settings.CHAT_STALE_REPLY_S))
+    return replies.filter(claimed | queued)
+
+
+def replies_recover_stale(*, conversation: Conversation) -> list[int]:
+    """Interrupt the conversation's stale replies (see stale_replies); returns their ids.
+    Without this a restart mid-reply would leave the conversation busy."""
+    return replies_interrupt(replies=stale_replies(conversation=conversation))
 
 
 def _ensure_idle(conversation: Conversation) -> None:
@@ -98,17 +113,20 @@ def _ensure_idle(conversation: Conversation) -> None:
 
 
 def _usable_parent(parent: Message | None) -> Message | None:
-    """Where a new turn attaches. After a failed reply the new message goes beside the
-    turn that failed (a new branch; the failed one stays), since a prompt cannot
-    include a reply that has no tokens."""
+    """Where a new turn attaches. After a failed reply (or one interrupted before it had
+    any ids) the new message goes beside the turn that failed (a new branch; the failed
+    one stays), since a prompt cannot include a reply that has no tokens."""
     if parent is None:
         return None
     if parent.role != Message.Role.ASSISTANT:
         raise InvalidInput("A new message must follow a reply.")
-    if parent.status == Message.Status.ERROR:
+    if parent.status == Message.Status.ERROR or (
+        parent.status == Message.Status.INTERRUPTED and not parent.token_ids
+    ):
         failed_turn = parent.parent
         return failed_turn.parent if failed_turn is not None else None
-    if parent.status not in (Message.Status.DONE, Message.Status.STOPPED):
+    if parent.status not in (Message.Status.DONE, Message.Status.STOPPED,
+                             Message.Status.INTERRUPTED):
         raise Busy("A reply is still being generated; stop it or wait for it to finish.")
     return parent
 
@@ -173,6 +191,32 @@ def message_regenerate(*, conversation: Conversation, message_id: int | str) -> 
         conversation=conversation, message_id=message_id, role=Message.Role.ASSISTANT
     )
     reply = _pending_reply(conversation, original.parent_id)
+    conversation.save(update_fields=["current_leaf", "updated_at"])
+    return reply
+
+
+@transaction.atomic
+def message_continue(*, conversation: Conversation, message_id: int | str) -> Message:
+    """Put the cut-short reply `message_id` back to pending, to generate more of it after
+    the ids it holds (its prompt then is its previous one plus those ids: cached)."""
+    _ensure_idle(conversation)
+    reply = selectors.message_get(
+        conversation=conversation, message_id=message_id, role=Message.Role.ASSISTANT
+    )
+    if not reply.can_continue:
+        raise InvalidInput("Only a reply that was interrupted, stopped or cut at its length "
+                           "limit can be continued.", code="not_continuable")
+    if reply.children.exists():
+        raise InvalidInput("Only the last reply of a branch can be continued.",
+                           code="not_continuable")
+    reply.status = Message.Status.PENDING
+    reply.finish_reason = ""
+    reply.runner = ""
+    reply.lease = ""
+    reply.stop_requested = False
+    reply.save(update_fields=["status", "finish_reason", "runner", "lease", "stop_requested",
+                              "updated_at"])
+    conversation.current_leaf = reply
     conversation.save(update_fields=["current_leaf", "updated_at"])
     return reply
 

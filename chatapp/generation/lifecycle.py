@@ -1,5 +1,6 @@
-"""A reply's life in the database: claimed by a generation, kept alive by its
-heartbeat, flagged to stop, marked streaming, finished (done, stopped or failed).
+"""A reply's life in the database: claimed by a generation, persisted by its heartbeat,
+flagged to stop, marked streaming, finished (done, stopped, failed, or interrupted when
+its process died: chatapp.generation.orphans).
 
 Every process that generates replies (the web's embedded engine, Celery workers)
 records through these functions, so a reply has one set of rules wherever it runs.
@@ -15,17 +16,22 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from chatapp.chat import services as chat_services
 from chatapp.chat.models import Message
+from chatapp.generation.orphans import runner_is_dead, this_runner
 
 log = logging.getLogger(__name__)
 
 
-def reply_heartbeat(*, reply_id: int, lease: str = "") -> bool:
-    """Touch a running reply; False when its claim `lease` was taken over (or it is gone)."""
-    replies = Message.objects.filter(pk=reply_id)
+def reply_persist(*, reply_id: int, runner: str, lease: str = "",
+                  progress: dict | None = None) -> bool:
+    """Touch a running reply and store `progress` (its text, ids and usage so far), so a
+    crash loses at most one heartbeat of it; False when the reply is no longer this
+    generation's (finished as interrupted, taken over, deleted)."""
+    replies = Message.objects.filter(pk=reply_id, runner=runner, status__in=Message.ACTIVE)
     if lease:
         replies = replies.filter(lease=lease)  # a generation that lost its claim stays silent
-    return bool(replies.update(updated_at=timezone.now()))
+    return bool(replies.update(updated_at=timezone.now(), **(progress or {})))
 
 
 class Claim:
@@ -54,17 +60,24 @@ def reply_claim(*, reply_id: int, holder: str, reclaim_own: bool = False) -> tup
         return Claim.GONE, ""
     if not reply.is_active:
         return Claim.FINISHED, ""
-    cutoff = timezone.now() - timedelta(seconds=settings.CHAT_STALE_REPLY_S)
-    own = reclaim_own and reply.served_by == holder
-    if reply.status == Message.Status.STREAMING and reply.updated_at >= cutoff and not own:
-        return Claim.BUSY, ""
+    if reply.status == Message.Status.STREAMING:
+        # A copy of the task delivered again: its first generation is alive (busy), or
+        # died, and the reply is finished as interrupted with the text it had.
+        alive = reply.updated_at >= timezone.now() - timedelta(seconds=settings.CHAT_ORPHAN_S)
+        if alive and not runner_is_dead(reply.runner) and not (
+            reclaim_own and reply.served_by == holder
+        ):
+            return Claim.BUSY, ""
+        chat_services.replies_interrupt(replies=Message.objects.filter(pk=reply.pk))
+        return Claim.FINISHED, ""
     if reply.stop_requested:
         reply_finish(reply=reply, status=Message.Status.STOPPED, finish_reason="abort")
         return Claim.FINISHED, ""
     reply.lease = uuid.uuid4().hex
     reply.served_by = holder
+    reply.runner = this_runner()
     reply.status = Message.Status.STREAMING
-    reply.save(update_fields=["lease", "served_by", "status", "updated_at"])
+    reply.save(update_fields=["lease", "served_by", "runner", "status", "updated_at"])
     return Claim.CLAIMED, reply.lease
 
 
@@ -80,10 +93,25 @@ def reply_stop_requested(*, reply_id: int) -> bool:
     return not Message.objects.filter(pk=reply_id, stop_requested=False).exists()
 
 
-def reply_mark_streaming(*, reply: Message, served_by: str = "") -> Message:
+def reply_take(*, reply_id: int) -> bool:
+    """Name this process as the one generating reply `reply_id` (claimed by the web's own
+    engine); False when it is no longer pending (stopped or deleted meanwhile)."""
+    return bool(Message.objects.filter(pk=reply_id, status=Message.Status.PENDING).update(
+        runner=this_runner(), updated_at=timezone.now()))
+
+
+def reply_mark_streaming(*, reply: Message, served_by: str = "",
+                         segment_token_ids: list[int] | None = None) -> Message:
+    """The prompt is built: streaming from now on. `segment_token_ids`: the reply's segment
+    as it stands (the header, or the ids a continued reply holds), so one interrupted
+    before its first heartbeat still has ids for the next turn's prompt."""
     reply.status = Message.Status.STREAMING
     reply.served_by = served_by or reply.served_by
-    reply.save(update_fields=["status", "served_by", "updated_at"])
+    fields = ["status", "served_by", "updated_at"]
+    if segment_token_ids is not None:
+        reply.token_ids = list(segment_token_ids)
+        fields.append("token_ids")
+    reply.save(update_fields=fields)
     return reply
 
 
@@ -118,12 +146,17 @@ def reply_finish(
     return reply
 
 
-def reply_finish_held(*, reply_id: int, lease: str = "", **fields) -> Message | None:
-    """reply_finish for a generation holding `lease`; None when another generation took
-    the reply over (that one writes it, this one's result is dropped)."""
+def reply_finish_held(*, reply_id: int, lease: str = "", runner: str = "",
+                      **fields) -> Message | None:
+    """reply_finish for a generation holding `lease` (a worker's) and run by `runner`; None
+    when another generation took the reply over, or it was finished as interrupted (its
+    process looked dead): that record stands, this result is dropped."""
     with transaction.atomic():
         reply = Message.objects.select_for_update().get(pk=reply_id)
-        if lease and reply.lease != lease:
-            log.warning("Reply %s was taken over by another generation; dropping ours", reply_id)
+        if (lease and reply.lease != lease) or (runner and reply.runner != runner) or (
+            reply.status == Message.Status.INTERRUPTED
+        ):
+            log.warning("Reply %s is no longer this generation's; dropping its result",
+                        reply_id)
             return None
         return reply_finish(reply=reply, **fields)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -18,7 +19,7 @@ from chatapp.chat import selectors
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Conversation, Message
 from chatapp.chat.serializers import message_dict
-from chatapp.generation import dispatch, lifecycle, prompting, receipts
+from chatapp.generation import dispatch, lifecycle, orphans, prompting, receipts
 from chatapp.generation.engine import aget_engine, loaded_engine
 from chatapp.generation.events import DeltaBatcher, publish
 from chatapp.generation.requests import Generation, Job, Options, run_here
@@ -32,6 +33,8 @@ _stop_requested: set[int] = set()
 _running: set[int] = set()
 # Replies whose claim another generation took over: this process aborts and goes quiet.
 _superseded: set[int] = set()
+# What each running reply holds so far, for its heartbeat to persist (see _heartbeat).
+_progress: dict[int, dict] = {}
 
 
 class ReplyFailed(Exception):
@@ -137,8 +140,19 @@ async def _publish_reply(group: str, event: dict) -> None:
         await publish(group, event)
 
 
-def _prepare(reply_id: int, tokenizer, engine_id: str):
-    """(reply, its prompt's plan, where that differs from the previous turn's)."""
+@dataclass
+class Prepared:
+    reply: Message
+    plan: object  # the prompt's plan (chatapp.prompts.services.PromptPlan)
+    diverged: object  # receipts.Divergence | None
+    prompt_ids: list[int]  # the plan's ids, then the ids a continued reply already holds
+    kept_ids: list[int]  # those ids (empty for a new reply)
+    kept_text: str
+
+
+def _prepare(reply_id: int, tokenizer, engine_id: str) -> Prepared:
+    """The reply, its prompt, and where that differs from the previous turn's. A reply
+    being continued keeps its ids and text: its prompt goes on after them."""
     reply = Message.objects.select_related("conversation").get(pk=reply_id)
     path = selectors.message_path(message=reply)[:-1]  # up to the user message
     try:
@@ -149,8 +163,11 @@ def _prepare(reply_id: int, tokenizer, engine_id: str):
         raise ReplyFailed(str(exc)) from exc
     chat_services.user_message_store_segment(message=path[-1], token_ids=plan.new_user_segment)
     diverged = receipts.divergence(reply=reply, plan=plan, path=path)
-    lifecycle.reply_mark_streaming(reply=reply, served_by=engine_id)
-    return reply, plan, diverged
+    kept = list(reply.generated_token_ids or [])
+    segment = builder_for(tokenizer).assistant_segment(kept, False)
+    lifecycle.reply_mark_streaming(reply=reply, served_by=engine_id, segment_token_ids=segment)
+    return Prepared(reply, plan, diverged, list(plan.token_ids) + kept, kept,
+                    reply.content if kept else "")
 
 
 def _failed(reply_id: int, error: str | None) -> tuple[str, dict]:
@@ -176,11 +193,15 @@ async def run_reply(reply_id: int, *, lease: str = "") -> dict:
     claim (lifecycle.reply_claim): the reply is written only while the claim holds, and a
     stop asked for by another process is polled for."""
     _running.add(reply_id)
-    watchers = [asyncio.create_task(_heartbeat(reply_id, lease))]
+    runner = orphans.this_runner()
+    if not lease and not await database_sync_to_async(lifecycle.reply_take)(reply_id=reply_id):
+        _running.discard(reply_id)
+        return await database_sync_to_async(_final_dict)(reply_id)
+    watchers = [asyncio.create_task(_heartbeat(reply_id, runner, lease))]
     if lease:
         watchers.append(asyncio.create_task(_watch_stop_flag(reply_id)))
     try:
-        return await _run_reply(reply_id, lease)
+        return await _run_reply(reply_id, lease, runner)
     except Message.DoesNotExist:
         # The conversation was deleted meanwhile; there is nothing left to record.
         stop_reply(reply_id)
@@ -191,16 +212,27 @@ async def run_reply(reply_id: int, *, lease: str = "") -> dict:
         _running.discard(reply_id)
         _stop_requested.discard(reply_id)
         _superseded.discard(reply_id)
+        _progress.pop(reply_id, None)
 
 
-async def _heartbeat(reply_id: int, lease: str = "") -> None:
-    """Show that a process still works on this reply (see replies_recover_stale)."""
-    touch = database_sync_to_async(lifecycle.reply_heartbeat)
+def _final_dict(reply_id: int) -> dict:
+    """A reply that was not started here (stopped or deleted before): as it stands."""
+    reply = Message.objects.filter(pk=reply_id).first()
+    return message_dict(reply) if reply is not None else {}
+
+
+async def _heartbeat(reply_id: int, runner: str, lease: str = "") -> None:
+    """Persist what the reply holds so far every CHAT_HEARTBEAT_S (a crash loses at most
+    that much), which also shows that a process still works on it (orphans)."""
+    persist = database_sync_to_async(lifecycle.reply_persist)
     while True:
         await asyncio.sleep(settings.CHAT_HEARTBEAT_S)
-        if not await touch(reply_id=reply_id, lease=lease) and lease:
-            # Another worker took the reply over (ours looked dead): stop generating it.
-            log.warning("Reply %s was taken over by another generation; aborting ours", reply_id)
+        # Taken now: the fields describe one moment even if the loop writes on meanwhile.
+        progress = _progress.pop(reply_id, None)
+        if not await persist(reply_id=reply_id, runner=runner, lease=lease, progress=progress):
+            # Another worker took the reply over, or it was finished as interrupted (our
+            # process looked dead): stop generating it, say nothing more about it.
+            log.warning("Reply %s is no longer this generation's; aborting it", reply_id)
             _superseded.add(reply_id)
             stop_reply(reply_id)
             return
@@ -219,14 +251,15 @@ async def _watch_stop_flag(reply_id: int) -> None:
             log.warning("Reading the stop flag of reply %s failed", reply_id, exc_info=True)
 
 
-async def _run_reply(reply_id: int, lease: str = "") -> dict:
+async def _run_reply(reply_id: int, lease: str, runner: str) -> dict:
     from inference import InvalidRequestError
 
     try:
         engine = await aget_engine()
-        reply, plan, diverged = await database_sync_to_async(_prepare)(
+        prepared = await database_sync_to_async(_prepare)(
             reply_id, engine.tokenizer, engine.config.engine_id
         )
+        reply, plan = prepared.reply, prepared.plan
     except Message.DoesNotExist:
         raise
     except ReplyFailed as exc:
@@ -239,15 +272,17 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
 
     group = reply.conversation.group_name
     await _publish_reply(group, {"type": "message.started", "message_id": reply_id,
-                                 "prompt_tokens": len(plan.token_ids)})
+                                 "prompt_tokens": len(prepared.prompt_ids),
+                                 "text": prepared.kept_text})
     job = Job(
-        prompt_ids=tuple(plan.token_ids),
+        prompt_ids=tuple(prepared.prompt_ids),
         cache_salt=plan.cache_salt,
         options=Options(default_max_tokens=settings.CHAT_MAX_NEW_TOKENS,
                         temperature=settings.CHAT_TEMPERATURE, top_p=settings.CHAT_TOP_P),
         request_id=reply.request_id,
     )
     batcher = DeltaBatcher(settings.CHAT_STREAM_BATCH_TOKENS, settings.CHAT_STREAM_FLUSH_S)
+    builder = builder_for(engine.tokenizer)
     last = None
     error = ""
     try:
@@ -255,6 +290,7 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
         if reply_id not in _stop_requested:
             async for out in Generation(job, run_here).outputs():
                 last = out
+                _progress[reply_id] = _progress_fields(builder, prepared, out)
                 if reply_id in _stop_requested and not out.finished:
                     # The stop came while the prompt was being built, before the engine
                     # knew this request id; abort now, the stream then ends with "abort".
@@ -278,13 +314,12 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
         await _publish_reply(group, {"type": "message.delta", "message_id": reply_id,
                                      "seq": seq, "text": text})
 
-    builder = builder_for(engine.tokenizer)
-    fields = _final_fields(builder, last, error=error)
+    fields = _final_fields(builder, last, prepared, error=error)
     fields["prefix_cache"] = receipts.receipt(
-        getattr(last, "prefix_cache", None), diverged, builder.block_size
+        getattr(last, "prefix_cache", None), prepared.diverged, builder.block_size
     )
     done = await database_sync_to_async(lifecycle.reply_finish_held)(
-        reply_id=reply_id, lease=lease, **fields
+        reply_id=reply_id, lease=lease, runner=runner, **fields
     )
     if done is None:
         return {}
@@ -294,8 +329,26 @@ async def _run_reply(reply_id: int, lease: str = "") -> dict:
     return final
 
 
-def _final_fields(builder, last, *, error: str) -> dict:
-    generated = list(last.token_ids) if last is not None else []
+def _usage(last) -> dict:
+    return {"prompt_tokens": last.prompt_tokens, "cached_tokens": last.cached_tokens,
+            "ttft": last.ttft}
+
+
+def _progress_fields(builder, prepared: Prepared, out) -> dict:
+    """What the reply holds after output `out`, as the columns its heartbeat writes."""
+    generated = prepared.kept_ids + list(out.token_ids)
+    return {
+        "content": prepared.kept_text + out.text,
+        "generated_token_ids": generated,
+        # The segment of a reply cut here: what the next turn's prompt holds after a crash.
+        "token_ids": builder.assistant_segment(generated, False),
+        "completion_tokens": len(generated),
+        **_usage(out),
+    }
+
+
+def _final_fields(builder, last, prepared: Prepared, *, error: str) -> dict:
+    generated = prepared.kept_ids + (list(last.token_ids) if last is not None else [])
     reason = last.finish_reason if last is not None and last.finished else None
     if error or reason == "error":
         status, reason = Message.Status.ERROR, "error"
@@ -306,7 +359,7 @@ def _final_fields(builder, last, *, error: str) -> dict:
         status, reason = Message.Status.STOPPED, "abort"
     fields = {
         "status": status,
-        "content": last.text if last is not None else "",
+        "content": prepared.kept_text + (last.text if last is not None else ""),
         "generated_token_ids": generated,
         "finish_reason": reason,
         "error": error,
@@ -314,9 +367,5 @@ def _final_fields(builder, last, *, error: str) -> dict:
     if status != Message.Status.ERROR:
         fields["segment_token_ids"] = builder.assistant_segment(generated, reason == "stop")
     if last is not None:
-        fields.update(
-            prompt_tokens=last.prompt_tokens,
-            cached_tokens=last.cached_tokens,
-            ttft=last.ttft,
-        )
+        fields.update(_usage(last))
     return fields

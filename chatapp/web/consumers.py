@@ -8,6 +8,8 @@ Client -> server:
   {"type": "stop", "message_id": int?}                  stop a reply (default: all running),
                                                          also one a Celery worker generates
   {"type": "regenerate", "message_id": int}             new reply beside this reply
+  {"type": "continue", "message_id": int}               generate more of a reply cut short
+                                                         (interrupted, stopped, length)
   {"type": "edit", "message_id": int, "content": str}   new user message beside this one
   {"type": "select", "message_id": int}                 remember the branch being viewed
   {"type": "ping"}
@@ -15,7 +17,9 @@ Client -> server:
 Server -> client:
   {"type": "hello", "conversation": {...}}                on connect
   {"type": "message.created", "message": {...}}           a user message or a pending reply
-  {"type": "message.started", "message_id", "prompt_tokens"}
+                                                         (or a continued one, again pending)
+  {"type": "message.started", "message_id", "prompt_tokens", "text"}  text: what a
+                                                         continued reply holds already
   {"type": "message.delta", "message_id", "seq", "text"} seq counts 1, 2, 3... per reply
   {"type": "message.done", "message_id", "seq", "message": {..., "usage": {...}}}
   {"type": "conversation.updated", "conversation": {...}}
@@ -42,7 +46,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, InvalidInput, NotFound
 from chatapp.chat.serializers import conversation_dict, message_dict
-from chatapp.generation import replies
+from chatapp.generation import orphans, replies
 from chatapp.generation.events import publish
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         self.group = self.conversation.group_name
         await self.channel_layer.group_add(self.group, self.channel_name)
+        # Replies a dead process left streaming are finished as interrupted, text kept.
+        await database_sync_to_async(orphans.recover)(conversation=self.conversation)
         await self.send_json({"type": "hello", "conversation": conversation_dict(self.conversation)})
         # The conversation's KV comes back from the host/disk tier while the person reads.
         self.prewarming = asyncio.create_task(self.prewarm())
@@ -122,6 +128,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_NOT_FOUND)
             return
         try:
+            if kind in self.CHANGES:
+                # A reply whose process died must not hold the conversation busy.
+                await database_sync_to_async(orphans.recover)(conversation=self.conversation)
             await handler(self, data)
         except ChatError as exc:
             await self.send_error(exc.code, exc.message, kind)
@@ -154,6 +163,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         )
         await self.announce(reply)
 
+    async def on_continue(self, data: dict) -> None:
+        reply = await database_sync_to_async(services.message_continue)(
+            conversation=self.conversation, message_id=self.required_id(data)
+        )
+        await self.announce(reply)
+
     async def on_stop(self, data: dict) -> None:
         message_id = self.optional_id(data, "message_id")
         if message_id is None:
@@ -175,10 +190,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def on_ping(self, data: dict) -> None:
         await self.send_json({"type": "pong"})
 
+    CHANGES = ("send", "edit", "regenerate", "continue", "stop")
     HANDLERS = {
         "send": on_send,
         "edit": on_edit,
         "regenerate": on_regenerate,
+        "continue": on_continue,
         "stop": on_stop,
         "select": on_select,
         "ping": on_ping,

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, NotFound
 from chatapp.chat.serializers import conversation_dict, message_dict
-from chatapp.generation import replies
+from chatapp.generation import orphans, replies
 from chatapp.prompts import catalog
 
 
@@ -60,7 +60,7 @@ def home(request: HttpRequest) -> HttpResponse:
 @require_GET
 def conversation_page(request: HttpRequest, conversation_id: int) -> HttpResponse:
     conversation = _conversation_or_404(request, conversation_id)
-    services.replies_recover_stale(conversation=conversation)
+    orphans.recover(conversation=conversation)
     return _page(request, conversation)
 
 

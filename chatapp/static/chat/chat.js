@@ -172,7 +172,7 @@
     } else {
       body.classList.add("markdown");
       const stream = streams.get(msg.id);
-      const text = stream && msg.status !== "done" && msg.status !== "stopped" && msg.status !== "error"
+      const text = stream && (msg.status === "pending" || msg.status === "streaming")
         ? stream.text : msg.content;
       renderMarkdown(body, text);
       if (msg.status === "pending" && !text) body.innerHTML = '<span class="typing">…</span>';
@@ -239,10 +239,11 @@
       err.setAttribute("role", "alert");
       err.textContent = "Generation failed: " + (msg.error || "unknown error");
       foot.append(err);
-    } else if (msg.status === "stopped") {
+    } else if (msg.status === "stopped" || msg.status === "interrupted") {
       const note = document.createElement("span");
       note.className = "stopped-note";
-      note.textContent = "stopped";
+      note.textContent = msg.status === "interrupted"
+        ? "interrupted: the server stopped while writing this" : "stopped";
       foot.append(note);
     }
     const usage = usageLine(msg);
@@ -259,6 +260,11 @@
         foot.append(button("Regenerate", "link regenerate", function () {
           send({ type: "regenerate", message_id: msg.id });
         }));
+        if (msg.can_continue) {
+          foot.append(button("Continue", "link continue", function () {
+            send({ type: "continue", message_id: msg.id });
+          }));
+        }
       }
       if (msg.role === "user") {
         foot.append(button("Edit", "link edit", function () { editing = msg.id; render(); }));
@@ -337,7 +343,8 @@
     "message.started": function (e) {
       const m = messages.get(e.message_id);
       if (m) { m.status = "streaming"; }
-      streams.set(e.message_id, { seq: 0, text: "", gap: false });
+      // A continued reply streams on after the text it holds.
+      streams.set(e.message_id, { seq: 0, text: e.text || "", gap: false });
       render();
     },
     "message.delta": function (e) {

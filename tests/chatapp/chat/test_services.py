@@ -140,14 +140,15 @@ def test_ensure_admin_prints_a_generated_password(monkeypatch, capsys, django_us
     assert admin.check_password(password)
 
 
-def test_a_reply_left_behind_by_a_dead_process_is_marked_failed(alice):
+def test_a_reply_queued_but_never_started_is_interrupted_after_the_stale_limit(alice):
     conv = services.conversation_create(owner=alice)
     _, orphan = services.message_send(conversation=conv, content="one")
     Message.objects.filter(pk=orphan.pk).update(updated_at=timezone.now() - timedelta(hours=1))
     user_msg, _ = services.message_send(conversation=conv, content="two")
     orphan.refresh_from_db()
-    assert orphan.status == Message.Status.ERROR and "regenerate" in orphan.error
-    assert user_msg.parent is None  # the failed turn stays as a branch of its own
+    assert orphan.status == Message.Status.INTERRUPTED and not orphan.token_ids
+    # It holds no ids a prompt could take: the new turn goes beside the interrupted one.
+    assert user_msg.parent is None
 
 
 def test_after_a_failed_reply_a_new_message_branches_beside_the_failed_turn(alice):

@@ -74,7 +74,7 @@ async def test_events_reach_the_group_in_order_with_the_final_usage(alice):
     while not events or events[-1]["type"] != "message.done":
         events.append((await asyncio.wait_for(layer.receive(channel), 60))["event"])
     assert events[0] == {"type": "message.started", "message_id": reply.pk,
-                         "prompt_tokens": final["usage"]["prompt_tokens"]}
+                         "prompt_tokens": final["usage"]["prompt_tokens"], "text": ""}
     deltas = [e for e in events if e["type"] == "message.delta"]
     assert [d["seq"] for d in deltas] == list(range(1, len(deltas) + 1))
     assert events[-1]["seq"] == len(deltas) + 1 and events[-1]["message"] == final
@@ -97,6 +97,57 @@ async def test_a_stop_before_the_first_token_ends_the_reply_as_stopped(alice):
     # The conversation is free again.
     _, nxt = await send(conversation=conv, content="Short, then.")
     assert (await generation.run_reply(nxt.pk))["status"] == "done"
+
+
+async def test_a_running_reply_is_persisted_as_it_streams(alice, settings):
+    """Each heartbeat stores the text, ids and segment so far: a crash loses at most one."""
+    settings.CHAT_MAX_NEW_TOKENS = 40
+    settings.CHAT_HEARTBEAT_S = 0.05
+    conv = await database_sync_to_async(services.conversation_create)(owner=alice)
+    _, reply = await send(conversation=conv, content="Count from one to twenty in words.")
+    seen = []
+
+    async def watch():
+        while True:
+            row = await reload(reply)
+            if row.status == Message.Status.STREAMING and row.generated_token_ids:
+                seen.append(row)
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.create_task(watch())
+    final = await generation.run_reply(reply.pk)
+    watcher.cancel()
+    assert final["status"] == "done" and seen, "no partial reply was ever persisted"
+    partial = seen[-1]
+    done = await reload(reply)
+    n = len(partial.generated_token_ids)
+    assert done.generated_token_ids[:n] == partial.generated_token_ids
+    assert done.content.startswith(partial.content) and partial.content
+    assert partial.completion_tokens == n and partial.prompt_tokens == final["usage"][
+        "prompt_tokens"]
+    tokenizer = get_engine().tokenizer
+    builder = PromptBuilder(tokenizer, block_size=16)
+    assert partial.token_ids == builder.assistant_segment(partial.generated_token_ids, False)
+
+
+async def test_continue_generates_on_after_the_kept_ids_from_the_cache(alice, settings):
+    settings.CHAT_MAX_NEW_TOKENS = 12
+    conv = await database_sync_to_async(services.conversation_create)(owner=alice)
+    _, reply = await send(conversation=conv, content="Count from one to twenty in words.")
+    first = await generation.run_reply(reply.pk)
+    assert first["finish_reason"] == "length"
+    kept = await reload(reply)
+    await database_sync_to_async(services.message_continue)(
+        conversation=conv, message_id=reply.pk)
+    final = await generation.run_reply(reply.pk)
+    done = await reload(reply)
+    assert final["status"] == "done" and done.content.startswith(kept.content)
+    assert len(done.content) > len(kept.content)
+    assert done.generated_token_ids[: len(kept.generated_token_ids)] == kept.generated_token_ids
+    assert len(done.generated_token_ids) > len(kept.generated_token_ids)
+    # The prompt went on after the kept ids, and the cache served the earlier prompt.
+    assert done.prompt_tokens == kept.prompt_tokens + len(kept.generated_token_ids)
+    assert done.cached_tokens >= (kept.prompt_tokens // 16) * 16
 
 
 def test_deltas_are_batched_by_token_count():
