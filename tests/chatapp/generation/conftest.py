@@ -217,7 +217,9 @@ def cluster_env(broker_url: str, layer_url: str, shared_queue: str) -> dict:
         # Short beats and timeouts, so a killed worker is noticed in seconds, not an hour
         # (yet above a generation here, with room for two loaded cores: a task redelivered
         # while its worker still runs it waits, but a test expects none).
-        "CHAT_HEARTBEAT_S": "1",
+        "CHAT_HEARTBEAT_S": "0.3",
+        "CHAT_ORPHAN_S": "5",
+        "CHAT_ORPHAN_SWEEP_S": "1",
         "CHAT_STALE_REPLY_S": "5",
         "CHAT_STOP_POLL_S": "0.2",
         "CELERY_WORKER_HEARTBEAT_S": "1",

@@ -121,34 +121,32 @@ class TestClaim:
         assert (reply.status, reply.served_by, reply.lease) == ("streaming", "w1@h", lease)
         assert lifecycle.reply_claim(reply_id=reply.pk, holder="w2@h") == (Claim.BUSY, "")
 
-    def test_a_worker_that_runs_one_task_at_a_time_reclaims_its_own_reply(self, alice):
+    def test_a_worker_that_runs_one_task_at_a_time_finds_its_own_reply_orphaned(self, alice):
         _, reply = _turn(alice)
-        _, first = lifecycle.reply_claim(reply_id=reply.pk, holder="w1@h")
-        # A redelivery to the same one-task worker: the first generation died with its child.
-        outcome, second = lifecycle.reply_claim(reply_id=reply.pk, holder="w1@h",
-                                               reclaim_own=True)
-        assert outcome == Claim.CLAIMED and second != first
-        assert lifecycle.reply_claim(reply_id=reply.pk, holder="w2@h",
-                                    reclaim_own=True) == (Claim.BUSY, "")
+        lifecycle.reply_claim(reply_id=reply.pk, holder="w1@h")
+        Message.objects.filter(pk=reply.pk).update(content="Once")
+        # A redelivery to the same one-task worker: the first generation died with its
+        # child, so the reply is finished as interrupted, its text kept.
+        assert lifecycle.reply_claim(reply_id=reply.pk, holder="w1@h",
+                                     reclaim_own=True) == (Claim.FINISHED, "")
+        reply.refresh_from_db()
+        assert (reply.status, reply.content) == (Message.Status.INTERRUPTED, "Once")
+        assert lifecycle.reply_claim(reply_id=reply.pk, holder="w2@h") == (Claim.FINISHED, "")
 
-    def test_a_generation_whose_heartbeat_stopped_is_replaced(self, alice, settings):
+    def test_a_generation_whose_heartbeat_stopped_is_interrupted(self, alice, settings):
         _, reply = _turn(alice)
         _, old = lifecycle.reply_claim(reply_id=reply.pk, holder="w1@h")
-        stale = timezone.now() - timedelta(seconds=settings.CHAT_STALE_REPLY_S + 1)
-        Message.objects.filter(pk=reply.pk).update(updated_at=stale)
-        outcome, new = lifecycle.reply_claim(reply_id=reply.pk, holder="w2@h")
-        assert outcome == Claim.CLAIMED and new != old
-        # The replaced generation may no longer write the reply, nor keep it alive.
+        runner = Message.objects.get(pk=reply.pk).runner
+        stale = timezone.now() - timedelta(seconds=settings.CHAT_ORPHAN_S + 1)
+        # Another host's generation (its pid cannot be checked from here) gone quiet.
+        Message.objects.filter(pk=reply.pk).update(updated_at=stale, runner="far:1:x")
+        assert lifecycle.reply_claim(reply_id=reply.pk, holder="w2@h") == (Claim.FINISHED, "")
+        assert Message.objects.get(pk=reply.pk).status == Message.Status.INTERRUPTED
+        # The interrupted generation may no longer write the reply, nor keep it alive
+        # (its heartbeat says so, and the generation then aborts itself).
         assert lifecycle.reply_finish_held(reply_id=reply.pk, lease=old,
-                                          status=Message.Status.DONE) is None
-        Message.objects.filter(pk=reply.pk).update(updated_at=stale)
-        # (its heartbeat says so, and the generation then aborts itself)
-        assert lifecycle.reply_heartbeat(reply_id=reply.pk, lease=old) is False
-        assert Message.objects.get(pk=reply.pk).updated_at == stale
-        assert lifecycle.reply_heartbeat(reply_id=reply.pk, lease=new) is True
-        assert Message.objects.get(pk=reply.pk).updated_at > stale
-        assert lifecycle.reply_finish_held(reply_id=reply.pk, lease=new,
-                                          status=Message.Status.DONE).status == "done"
+                                           status=Message.Status.DONE) is None
+        assert lifecycle.reply_persist(reply_id=reply.pk, runner=runner, lease=old) is False
 
     def test_a_finished_reply_is_not_generated_again(self, alice):
         _, reply = _turn(alice, served_by="w1@h")

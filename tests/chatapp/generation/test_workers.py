@@ -217,35 +217,67 @@ async def start_and_wait_for_a_delta(cluster: Cluster, conversation, reply, queu
     await layer.group_discard(conversation.group_name, channel)
 
 
-def test_a_killed_pool_child_s_task_is_requeued_at_once(cluster, alice):
+def persisted_mid_reply(reply: Message) -> Message:
+    """Once the reply's heartbeat has stored some of its text (it is still streaming)."""
+    return wait_for(lambda: Message.objects.filter(
+        pk=reply.pk, status=Message.Status.STREAMING).exclude(content="").first(),
+        what="a persisted partial reply")
+
+
+def assert_interrupted_with_its_text(reply: Message, persisted: Message) -> None:
+    reply.refresh_from_db()
+    assert reply.status == Message.Status.INTERRUPTED, (reply.status, reply.error)
+    assert reply.content.startswith(persisted.content) and reply.content
+    n = len(persisted.generated_token_ids)
+    assert reply.generated_token_ids[:n] == persisted.generated_token_ids
+    assert reply.completion_tokens == len(reply.generated_token_ids) and reply.token_ids
+
+
+def test_a_killed_pool_child_s_reply_is_interrupted_at_once_with_its_text(cluster, alice):
     """kill -9 of the pool child only: its worker requeues the task (reject on worker
-    lost) and, holding the reply itself, the new child generates it again at once."""
+    lost) and the new child, finding the reply's process dead, finishes it as interrupted
+    with the text persisted so far."""
     conversation = services.conversation_create(owner=alice)
     _, reply = services.message_send(conversation=conversation, content=LONG)
     a = next(iter(cluster.workers.values()))
     asyncio.run(start_and_wait_for_a_delta(cluster, conversation, reply, cluster.own_queue(a)))
+    persisted = persisted_mid_reply(reply)
     a.kill_pool_child()
-    wait_for(lambda: not Message.objects.get(pk=reply.pk).is_active, timeout=120,
-             what="the reply to finish in the new pool child")
-    reply.refresh_from_db()
-    assert_one_complete_reply(reply)
-    assert reply.served_by == a.name
+    wait_for(lambda: not Message.objects.get(pk=reply.pk).is_active, timeout=60,
+             what="the reply to be finished as interrupted")
+    assert_interrupted_with_its_text(reply, persisted)
     cluster.wait_ready(a)
 
 
 def test_a_reply_survives_kill_9_of_its_worker(cluster, alice):
-    """Runs last of the cluster's tests: worker A does not come back."""
+    """Runs last of the cluster's tests: worker A does not come back. Its reply is
+    finished as interrupted in seconds, keeping its text; Continue finishes it on B, and
+    the next message continues its branch."""
     conversation = services.conversation_create(owner=alice)
     _, reply = services.message_send(conversation=conversation, content=LONG)
     a, b = cluster.workers.values()
 
     asyncio.run(start_and_wait_for_a_delta(cluster, conversation, reply, cluster.own_queue(a)))
+    persisted = persisted_mid_reply(reply)
     a.kill()
-    wait_for(lambda: not Message.objects.get(pk=reply.pk).is_active, timeout=120,
-             what="the reply to finish on the other worker")
+    # CHAT_ORPHAN_S (5 s) plus a sweep (1 s), with room for two loaded cores.
+    wait_for(lambda: not Message.objects.get(pk=reply.pk).is_active, timeout=20,
+             what="the reply to be finished as interrupted")
+    assert_interrupted_with_its_text(reply, persisted)
+    interrupted = Message.objects.get(pk=reply.pk)
+
+    url = f"{cluster.ws_url}/ws/chat/{conversation.pk}/"
+    cookie = session_cookie(alice)
+    asyncio.run(ws_exchange(url, cookie, [{"type": "continue", "message_id": reply.pk}],
+                            done_for(reply.pk)))
     reply.refresh_from_db()
-    assert_one_complete_reply(reply)
-    assert reply.served_by == b.name
+    assert reply.status == Message.Status.DONE and reply.served_by == b.name
+    assert reply.content.startswith(interrupted.content)
+    assert len(reply.generated_token_ids) > len(interrupted.generated_token_ids)
+
+    events, next_reply = turn(cluster, conversation, cookie, "Thank you.")
+    assert next_reply.parent.parent_id == reply.pk
+    assert_one_complete_reply(next_reply)
 
 
 def test_with_the_broker_down_a_message_is_refused_kept_and_retried_later(
