@@ -87,8 +87,9 @@ class ConversationFilterSerializer(serializers.Serializer):
 
 class PrefixCacheSerializer(serializers.Serializer):
     reason = serializers.ChoiceField(
-        choices=["full", "evicted", "cold", "diverged", "salt", "disabled"],
-        help_text="Why the prefix-cache match ended where it did.",
+        choices=["full", "evicted", "cold", "diverged", "disabled"],
+        help_text="Why the prefix-cache match ended where it did, from this tenant's own "
+                  "history only (another tenant's cached tokens are 'cold' here).",
     )
     matched_tokens = serializers.IntegerField()
     tier_tokens = serializers.IntegerField(help_text="Of those, restored from host/disk.")

@@ -5,6 +5,8 @@
     python tests/chatapp/e2e/seed.py reply CONVERSATION_ID CONTENT
         -> stores a finished assistant reply with CONTENT (a model reply as the page
            will find it in the database) after the conversation's latest message
+    python tests/chatapp/e2e/seed.py interrupted CONVERSATION_ID CONTENT
+        -> the same, as a reply its process left interrupted
 
 Without PASSWORD, users get an unusable password and a ready session (like force_login),
 which keeps 30 users from costing 30 slow password hashes.
@@ -57,7 +59,7 @@ def users(n: int, prefix: str, password: str | None = None) -> list[dict]:
     return out
 
 
-def reply(conversation_id: int, content: str) -> dict:
+def reply(conversation_id: int, content: str, status: str = "done") -> dict:
     from django.conf import settings
 
     from chatapp.prompts.services import PromptBuilder
@@ -74,10 +76,11 @@ def reply(conversation_id: int, content: str) -> dict:
     services.user_message_store_segment(message=user_msg, token_ids=builder.user_segment(question))
     generated = tokenizer.encode(content, add_special_tokens=False)
     done = lifecycle.reply_finish(
-        reply=pending, status=Message.Status.DONE, content=content,
+        reply=pending, status=status, content=content,
         generated_token_ids=generated,
         segment_token_ids=builder.assistant_segment(generated, False),
-        prompt_tokens=len(generated), cached_tokens=0, ttft=0.01, finish_reason="stop",
+        prompt_tokens=len(generated), cached_tokens=0, ttft=0.01,
+        finish_reason="stop" if status == Message.Status.DONE else status,
     )
     return {"user_message_id": user_msg.pk, "reply_id": done.pk}
 
@@ -88,6 +91,8 @@ if __name__ == "__main__":
         result = users(int(args[0]), args[1], args[2] if len(args) > 2 else None)
     elif command == "reply":
         result = reply(int(args[0]), args[1])
+    elif command == "interrupted":
+        result = reply(int(args[0]), args[1], Message.Status.INTERRUPTED)
     else:
         raise SystemExit(f"unknown command {command!r}")
     print(json.dumps(result))

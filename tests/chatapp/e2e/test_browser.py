@@ -211,3 +211,20 @@ def test_a_failed_generation_shows_an_error_state(page, server):
     assert replies(page).nth(0).locator("button.regenerate").is_visible()
     saved = stored(server, page, conversation_id)["messages"]
     assert saved[-1]["status"] == "error" and "context" in saved[-1]["error"]
+
+
+def test_an_interrupted_reply_shows_as_such_and_continue_resumes_it(page, server):
+    conversation_id = new_chat(page)
+    server.seed("interrupted", str(conversation_id), "Here are three colours: red,")
+    page.reload()
+    page.wait_for_selector('#connection[data-state="open"]')
+    reply = replies(page).nth(0)
+    assert reply.get_attribute("data-status") == "interrupted"
+    assert "interrupted" in reply.locator(".stopped-note").inner_text()
+    assert reply.locator("button.regenerate").is_visible()
+    reply.locator("button.continue").click()
+    wait_for_final(page, 0, statuses=("done",))
+    text = replies(page).nth(0).locator(".msg-body").inner_text()
+    assert text.startswith("Here are three colours: red,") and len(text) > 30
+    saved = stored(server, page, conversation_id)["messages"]
+    assert saved[-1]["status"] == "done" and saved[-1]["content"].startswith("Here are")
