@@ -82,8 +82,12 @@ class KVCacheManager:
             b.from_tier = False  # counted once, by the request that first uses it
         self.prefix_cache_hits_tier += tier_blocks * self.block_size
         if seq.num_cached_tokens is None:  # the receipt of its first admission
-            seq.prefix_cache = disabled_record() if self.history is None else self.history.explain(
-                seq, len(hits), (seq.num_tokens - 1) // self.block_size, tier_blocks, self.tier)
+            if self.history is None:
+                seq.prefix_cache = disabled_record()
+            else:
+                seq.prefix_cache, seq.cross_tenant_miss = self.history.explain(
+                    seq, len(hits), (seq.num_tokens - 1) // self.block_size, tier_blocks,
+                    self.tier)
         seq.block_table = [b.block_id for b in hits]
         seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_cached_blocks = len(hits)

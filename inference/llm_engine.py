@@ -14,6 +14,7 @@ from inference.kv_cache_manager import KVCacheManager
 from inference.kv_offload import attach_tier, build_tier, prewarm
 from inference.loader import auto_weight_dtype, load_weights, resolve_model_path
 from inference.metrics import EngineMetrics
+from inference.miss_reason import SALT
 from inference.model_runner import ModelRunner
 from inference.outputs import RequestOutput
 from inference.sampler import sample
@@ -32,10 +33,14 @@ def _load_tokenizer_if_present(path):
     return AutoTokenizer.from_pretrained(path)
 
 
-def _reason_label(record) -> str | None:
-    """A receipt's reason as one metric label: "evicted_pool", "evicted_tier", "cold", ..."""
+def _reason_label(seq: Sequence) -> str | None:
+    """Why seq's match ended, as one aggregate metric label: "evicted_pool",
+    "evicted_tier", "cold", "salt" (a cold miss on another tenant's tokens), ..."""
+    record = seq.prefix_cache
     if record is None:
         return None
+    if seq.cross_tenant_miss:
+        return SALT
     return f"{record.reason}_{record.evicted_from}" if record.evicted_from else record.reason
 
 
@@ -251,9 +256,8 @@ class LLMEngine:
             "finish_reason": seq.finish_reason,
             "cache_salt_set": seq.cache_salt is not None,
             "prefix_cache": None if seq.prefix_cache is None else seq.prefix_cache.as_dict(),
-            "prefix_cache_reason": _reason_label(seq.prefix_cache),
             "finished_at": time.time(),  # wall clock, to merge engines' lists
-        })
+        }, reason_label=_reason_label(seq))  # aggregate only: not in the per-request row
         seqs = self.requests.get(seq.request_id, [])
         if all(s.is_finished for s in seqs):
             self.requests.pop(seq.request_id, None)

@@ -56,12 +56,14 @@ class EngineMetrics:
         self.requests_failed = 0
         self.requests_aborted = 0
         # Why each request's prefix match ended ("full", "evicted_pool", "evicted_tier",
-        # "cold", "salt", "disabled"): see inference/miss_reason.py.
+        # "cold", "salt", "disabled"): see inference/miss_reason.py. Counts only: "salt"
+        # (another tenant had computed the tokens) never appears in a request's receipt.
         self.prefix_cache_miss_reasons: dict[str, int] = {}
         # Recent finished requests: (prompt_tokens, cached_tokens, ttft).
         self.recent: deque[dict] = deque(maxlen=recent)
 
-    def record_finished(self, info: dict) -> None:
+    def record_finished(self, info: dict, reason_label: str | None = None) -> None:
+        """info joins the recent per-request rows; reason_label only the aggregate counts."""
         with self.lock:
             self.recent.append(info)
             reason = info.get("finish_reason")
@@ -71,8 +73,8 @@ class EngineMetrics:
                 self.requests_failed += 1
             else:
                 self.requests_finished += 1
-            why = info.get("prefix_cache_reason")
-            if why is not None:
-                self.prefix_cache_miss_reasons[why] = self.prefix_cache_miss_reasons.get(why, 0) + 1
+            if reason_label is not None:
+                self.prefix_cache_miss_reasons[reason_label] = (
+                    self.prefix_cache_miss_reasons.get(reason_label, 0) + 1)
             if info.get("e2e") is not None:
                 self.e2e.observe(info["e2e"])

@@ -1,9 +1,12 @@
 """Why a prompt's prefix-cache match ended where it did: the engine's half of a receipt.
 
 A bounded record of every block hash this engine computed tells a block that was
-evicted from one that was never seen; a second record, of the same chains hashed
-without the cache salt, tells a prompt whose tokens are cached for another tenant.
-A request only ever learns the reason, never whose blocks or which salt.
+evicted from one that was never seen. Those hashes are salted, so "evicted" speaks
+only of the asking tenant's own blocks. A second record, of the same chains hashed
+without the cache salt, tells a miss whose tokens another tenant computed: that is
+counted in the engine's aggregate metrics only. The request's own receipt says
+"cold" then, as for tokens nobody sent, or it would confirm another tenant's prompt
+(a membership oracle: issue 26, the receipt form of vLLM's CVE-2025-46570).
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from inference.sequence import Sequence
 
 FULL = "full"  # every cacheable block hit
 EVICTED = "evicted"  # the next block was computed once and evicted (see evicted_from)
-COLD = "cold"  # this engine never computed the next block
-SALT = "salt"  # the same tokens were computed under another cache_salt
+COLD = "cold"  # this tenant (cache_salt) never had the next block computed here
 DISABLED = "disabled"  # prefix caching is off
-REASONS = (FULL, EVICTED, COLD, SALT, DISABLED)
+REASONS = (FULL, EVICTED, COLD, DISABLED)  # what a request's receipt may say
+# An aggregate metric label only, never a receipt: a cold miss whose tokens were
+# computed under another cache_salt.
+SALT = "salt"
 
 
 def disabled_record() -> PrefixCacheRecord:
@@ -90,20 +95,21 @@ class PrefixHistory:
             self.unsalted.add(self._unsalted(seq, i))
 
     def explain(self, seq: Sequence, matched_blocks: int, max_blocks: int,
-                tier_blocks: int, tier=None) -> PrefixCacheRecord:
-        """The receipt of a lookup that matched `matched_blocks` of `max_blocks` cacheable ones."""
+                tier_blocks: int, tier=None) -> tuple[PrefixCacheRecord, bool]:
+        """The receipt of a lookup that matched `matched_blocks` of `max_blocks` cacheable
+        ones, and whether its cold miss was on tokens another tenant computed. Only the
+        receipt may reach the request; the flag is for the engine's aggregate counts."""
         bs = self.block_size
         record = PrefixCacheRecord(matched_tokens=matched_blocks * bs, tier_tokens=tier_blocks * bs,
                                    reason=FULL)
         if matched_blocks >= max_blocks:
-            return record
+            return record, False
+        # Salted: only this tenant's own computed blocks make a miss "evicted".
         h = seq.block_hashes[matched_blocks]
         if h in self.computed or (tier is not None and h in tier):
             record.reason = EVICTED
             dropped = tier is not None and h in self.tier_dropped and h not in tier
             record.evicted_from = "tier" if dropped else "pool"
-        elif self._unsalted(seq, matched_blocks) in self.unsalted:
-            record.reason = SALT
-        else:
-            record.reason = COLD
-        return record
+            return record, False
+        record.reason = COLD
+        return record, self._unsalted(seq, matched_blocks) in self.unsalted

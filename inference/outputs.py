@@ -11,7 +11,10 @@ class PrefixCacheRecord:
 
     matched_tokens: int  # prompt tokens served from cache (pool and host/disk tier)
     tier_tokens: int  # of those, copied back from the host/disk tier
-    reason: str  # "full" | "evicted" | "cold" | "salt" | "disabled"
+    # "full" | "evicted" | "cold" | "disabled": from the request's own tenant's history
+    # only. Keep anything about other tenants out of this record: it reaches clients
+    # (as_dict, RequestOutput, and dataclasses.asdict on the worker->web stream).
+    reason: str
     evicted_from: str | None = None  # when evicted: "pool" (not in the tier) or "tier"
 
     def as_dict(self) -> dict:

@@ -45,6 +45,9 @@ class Sequence:
         self.num_cached_tokens: int | None = None
         # Its receipt: how much matched, from which tier, why it ended (outputs.PrefixCacheRecord).
         self.prefix_cache = None
+        # Its cold miss was on tokens another tenant computed: engine-internal, counted
+        # only in aggregate ("salt" in prefix_cache_miss_reasons), never in its receipt.
+        self.cross_tenant_miss = False
         # block_hashes without the cache salt, filled lazily to explain misses.
         self.unsalted_block_hashes: list[bytes] = []
         self.num_preemptions = 0

@@ -77,7 +77,9 @@ async def test_an_edited_message_diverges_where_it_differs(alice):
     await comm.disconnect()
 
 
-async def test_another_tenant_s_blocks_are_named_salt(alice, django_user_model):
+async def test_another_tenant_s_blocks_read_as_cold(alice, django_user_model):
+    """Bob's receipt speaks only of his own history (issue 26): the tokens Alice
+    cached are "cold" for him, as if nobody had sent them."""
     name = f"Salt{uuid.uuid4().hex[:8]}"
     conv = await fresh_conversation(alice, name)
     comm = await open_chat(conv, alice)
@@ -88,6 +90,17 @@ async def test_another_tenant_s_blocks_are_named_salt(alice, django_user_model):
     other = await fresh_conversation(bob, name)  # the same system prompt, another tenant
     comm = await open_chat(other, bob)
     reply, receipt = await turn(comm, "Name a colour.")
-    assert receipt["reason"] == "salt" and receipt["matched_tokens"] == 0
+    assert receipt["reason"] == "cold" and receipt["matched_tokens"] == 0
     assert reply.cached_tokens == 0
     await comm.disconnect()
+
+
+def test_a_receipt_stored_before_issue_26_shows_no_other_tenant():
+    """Replies stored when the engine still said "salt" are shown as the tenant's "cold"
+    by the one serializer of the page, the WebSocket and the conversations API."""
+    from chatapp.chat.serializers import usage_dict
+
+    stored = {"reason": "salt", "matched_tokens": 0, "tier_tokens": 0, "evicted_from": None}
+    reply = Message(role=Message.Role.ASSISTANT, prompt_tokens=40, prefix_cache=stored)
+    assert usage_dict(reply)["prefix_cache"]["reason"] == "cold"
+    assert reply.prefix_cache["reason"] == "salt"  # the row itself is left as it was
