@@ -17,7 +17,7 @@ from inference.metrics import EngineMetrics
 from inference.miss_reason import SALT
 from inference.model_runner import ModelRunner
 from inference.outputs import RequestOutput
-from inference.sampler import sample
+from inference.sampler import sample, token_logprobs
 from inference.sampling_params import InvalidRequestError, SamplingParams
 from inference.scheduler import Scheduler
 from inference.sequence import Sequence
@@ -165,6 +165,7 @@ class LLMEngine:
         try:
             logits = self.runner.execute(sched.seqs, sched.num_tokens)
             tokens = sample(logits, sampling) if sampling else []
+            logprobs = token_logprobs(logits, sampling, tokens) if sampling else []
         except Exception as exc:  # a fault fails this step's requests, not the engine
             log.exception("engine step failed")
             outputs = []
@@ -178,7 +179,9 @@ class LLMEngine:
             self.kv.cache_computed_blocks(seq)
         now = time.monotonic()
         outputs = []
-        for seq, token in zip(sampling, tokens, strict=True):
+        for seq, token, logprob in zip(sampling, tokens, logprobs, strict=True):
+            if logprob is not None:
+                seq.logprobs.append(logprob)
             self._append(seq, token, now)
             outputs.append(self._finish_output(seq) if seq.is_finished else self._output(seq))
         return outputs
@@ -220,6 +223,8 @@ class LLMEngine:
         seq.sent_text_len = visible
         out_ids = seq.output_token_ids
         new_ids = out_ids[seq.sent_token_len :]
+        new_logprobs = (seq.logprobs[seq.sent_token_len : len(out_ids)]
+                        if seq.params.logprobs is not None else None)
         seq.sent_token_len = len(out_ids)
         return RequestOutput(
             request_id=seq.request_id,
@@ -235,6 +240,7 @@ class LLMEngine:
             ttft=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
             error=seq.error,
             prefix_cache=seq.prefix_cache,
+            new_logprobs=new_logprobs,
         )
 
     def _finish_output(self, seq: Sequence) -> RequestOutput:

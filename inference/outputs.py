@@ -41,3 +41,5 @@ class RequestOutput:
     # The prefix-cache receipt of the request's first admission (None before it).
     prefix_cache: PrefixCacheRecord | None = None
     metrics: dict = field(default_factory=dict)
+    # One sampler.TokenLogprob per new_token_ids entry when the request asked for them.
+    new_logprobs: list | None = None

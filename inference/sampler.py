@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from inference.sequence import Sequence
@@ -49,3 +51,33 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
             noise[j].exponential_(generator=seqs[i].generator)
         out[idx] = (probs / noise).argmax(dim=-1)
     return out.tolist()
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability and the most likely tokens at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
+
+
+def token_logprobs(logits: torch.Tensor, seqs: list[Sequence],
+                   tokens: list[int]) -> list[TokenLogprob | None]:
+    """For each sequence that asked (params.logprobs), its token's log-probability under
+    the model's distribution: the log-softmax of the logits the sampler was given, before
+    temperature, top-k and top-p (which shape the draw, not what the model predicted)."""
+    rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+    out: list[TokenLogprob | None] = [None] * len(seqs)
+    if not rows:
+        return out
+    logp = torch.log_softmax(logits.index_select(0, torch.tensor(rows)).float(), dim=-1)
+    k = max(seqs[i].params.logprobs for i in rows)
+    top = torch.topk(logp, k, dim=-1) if k else None
+    chosen = logp.gather(1, torch.tensor([[tokens[i]] for i in rows])).squeeze(1).tolist()
+    for j, i in enumerate(rows):
+        n = seqs[i].params.logprobs
+        pairs = () if top is None else tuple(zip(top.indices[j, :n].tolist(),
+                                                 top.values[j, :n].tolist(), strict=True))
+        out[i] = TokenLogprob(tokens[i], chosen[j], pairs)
+    return out

@@ -14,6 +14,9 @@ class InvalidRequestError(ValueError):
         self.code = code
 
 
+MAX_LOGPROBS = 20
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 256
@@ -26,6 +29,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     # Stop at the model's end-of-sequence tokens (off only for benchmarks).
     ignore_eos: bool = False
+    # Log-probabilities of each generated token and of this many most likely tokens at its
+    # position (0-20, as OpenAI's top_logprobs); None: not computed.
+    logprobs: int | None = None
 
     def validate(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -38,6 +44,12 @@ class SamplingParams:
             raise InvalidRequestError("top_k must be an integer >= 0", "top_k")
         if not isinstance(self.n, int) or self.n < 1:
             raise InvalidRequestError("n must be an integer >= 1", "n")
+        if self.logprobs is not None and (
+            isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+            or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise InvalidRequestError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}]",
+                                      "top_logprobs")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if any(not isinstance(s, str) or not s for s in self.stop):

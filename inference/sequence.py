@@ -62,6 +62,8 @@ class Sequence:
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
+        # Per generated token, when params.logprobs asks (sampler.TokenLogprob).
+        self.logprobs: list = []
         # Detokenization state.
         self.text = ""
         self.sent_text_len = 0

@@ -270,3 +270,44 @@ def test_async_engine_checks_requests_on_its_step_thread_only(make_engine, monke
     finally:
         engine.shutdown()
     assert checked_on and set(checked_on) == {"engine-step"}
+
+
+def run_all(engine) -> list:
+    outs = []
+    while engine.has_unfinished_requests():
+        outs.extend(engine.step())
+    return outs
+
+
+def test_logprobs_are_the_model_s_log_softmax_at_each_generated_position(make_engine):
+    """Each generated token's logprob (and its top alternatives) is the log-softmax of the
+    logits at its position: checked against a fresh forward over prompt + output."""
+    engine = make_engine()
+    prompt = list(range(100, 140))
+    params = SamplingParams(max_tokens=6, temperature=0.8, seed=3, logprobs=4)
+    engine.add_request("lp", prompt, params)
+    outs = run_all(engine)
+    ids = [t for o in outs for t in o.new_token_ids]
+    entries = [e for o in outs for e in o.new_logprobs]
+    assert [e.token_id for e in entries] == ids and len(ids) == 6
+
+    check = make_engine(enable_prefix_caching=False)
+    for i, entry in enumerate(entries):
+        context = prompt + ids[:i]
+        check.add_request(f"ref{i}", context, SamplingParams(max_tokens=1, logprobs=20))
+        ref = next(e for o in run_all(check) for e in (o.new_logprobs or []))
+        reference = dict(ref.top)
+        assert len(entry.top) == 4 and entry.top[0][1] >= entry.top[-1][1]
+        for token, logprob in entry.top:
+            assert abs(reference[token] - logprob) < 1e-4
+        if entry.token_id in reference:
+            assert abs(reference[entry.token_id] - entry.logprob) < 1e-4
+        assert entry.logprob <= 0 and entry.logprob <= entry.top[0][1] + 1e-6
+
+
+def test_without_logprobs_none_are_computed(make_engine):
+    engine = make_engine()
+    engine.add_request("plain", list(range(100, 120)), SamplingParams(max_tokens=3))
+    assert all(o.new_logprobs is None for o in run_all(engine))
+    with pytest.raises(InvalidRequestError):
+        engine.add_request("bad", [1, 2, 3], SamplingParams(logprobs=21))
