@@ -245,6 +245,8 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 20,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "chatapp.api.errors.api_exception_handler",
+    # JSON only, through the one bounded decoder (depth, size); other types answer 415.
+    "DEFAULT_PARSER_CLASSES": ["chatapp.api.json_body.JSONParser"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "PrefixChat API",
@@ -259,6 +261,15 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
 }
+# Untrusted JSON (HTTP bodies and WebSocket frames, chatapp/api/json_body.py): the largest
+# document and the deepest nesting of arrays/objects accepted. Django's own limit on
+# request.body follows the first, so /v1 and /api/ refuse at the same size.
+REQUEST_JSON_MAX_BYTES = int(os.environ.get("REQUEST_JSON_MAX_BYTES", str(2_621_440)))
+REQUEST_JSON_MAX_DEPTH = int(os.environ.get("REQUEST_JSON_MAX_DEPTH", "32"))
+DATA_UPLOAD_MAX_MEMORY_SIZE = REQUEST_JSON_MAX_BYTES
+# Seconds a request's whole body may take to arrive once the request has begun (408
+# after that; chatapp/body_timeout.py); 0 turns the bound off.
+REQUEST_BODY_TIMEOUT_S = float(os.environ.get("REQUEST_BODY_TIMEOUT_S", "30"))
 # Per API key (a key may override both): requests per minute, generations at once.
 API_RATE_LIMIT_RPM = int(os.environ.get("API_RATE_LIMIT_RPM", "120"))
 API_MAX_CONCURRENT = int(os.environ.get("API_MAX_CONCURRENT", "4"))

@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 from dataclasses import KW_ONLY, dataclass
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from chatapp.api.json_body import RequestTooLarge
 from chatapp.api.ratelimit import RateLimited
 from chatapp.chat.errors import ChatError
 
@@ -75,6 +77,14 @@ def api_exception_handler(exc, context):
         return Response({"detail": exc.message, "code": exc.code}, status=exc.http_status)
     if isinstance(exc, RateLimited):
         exc = exceptions.Throttled(wait=exc.retry_after, detail=exc.message)
+    if isinstance(exc, RequestDataTooBig):
+        # Django's limit on request.body (DRF reads the body through it), not a 500.
+        exc = RequestTooLarge()
+    if isinstance(exc, exceptions.UnsupportedMediaType):
+        # DRF's message quotes the Content-Type header whole: say what to send instead.
+        exc = exceptions.UnsupportedMediaType(
+            "", detail="Unsupported media type: send JSON ('Content-Type: application/json')."
+        )
     response = exception_handler(exc, context)
     if response is None:
         log.exception("Unexpected error in %s", context.get("view"))
@@ -86,7 +96,9 @@ def api_exception_handler(exc, context):
     return response
 
 
-UNUSABLE_TEXT = {"null_characters_not_allowed", "surrogate_characters_not_allowed"}
+# DRF's CharField codes, and the one chatapp.chat.services.validate_user_text gives.
+UNUSABLE_TEXT = {"null_characters_not_allowed", "surrogate_characters_not_allowed",
+                 "invalid_value"}
 
 
 def _codes(codes) -> set[str]:

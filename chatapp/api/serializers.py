@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from chatapp.chat.errors import InvalidInput
 from chatapp.chat.models import Conversation, Message
 from chatapp.chat.serializers import usage_dict
+from chatapp.chat.services import validate_user_text
 
 
 class StrictCharField(serializers.CharField):
@@ -15,6 +18,41 @@ class StrictCharField(serializers.CharField):
     def to_internal_value(self, data):
         if not isinstance(data, str):
             self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+@extend_schema_field(OpenApiTypes.STR)
+class UserTextField(serializers.Field):
+    """A user's message. The rule (text, not blank, at most MAX_USER_MESSAGE_CHARS, nothing
+    a tokenizer cannot take) has one owner, chatapp.chat.services.validate_user_text,
+    which the chat page and /v1 apply too: this field only defers to it."""
+
+    def to_internal_value(self, data: object) -> str:
+        try:
+            return validate_user_text(data)
+        except InvalidInput as exc:
+            raise serializers.ValidationError(exc.message, code=exc.code) from None
+
+    def to_representation(self, value: str) -> str:
+        return value
+
+
+MAX_VARIABLES = 64
+MAX_VARIABLE_NAME_CHARS = 64
+
+
+class VariablesField(serializers.DictField):
+    """Preset variables: names are checked first, so no error quotes a huge name (DRF
+    keys its per-value errors by name)."""
+
+    def to_internal_value(self, data: object) -> dict:
+        if isinstance(data, dict):
+            if len(data) > MAX_VARIABLES:
+                raise serializers.ValidationError(f"At most {MAX_VARIABLES} variables.")
+            if any(len(str(name)) > MAX_VARIABLE_NAME_CHARS for name in data):
+                raise serializers.ValidationError(
+                    f"Variable names are at most {MAX_VARIABLE_NAME_CHARS} characters."
+                )
         return super().to_internal_value(data)
 
 
@@ -64,7 +102,7 @@ class ConversationCreateSerializer(serializers.Serializer):
     preset_version = StrictCharField(
         max_length=64, required=False, allow_null=True, default=None
     )
-    variables = serializers.DictField(
+    variables = VariablesField(
         child=StrictCharField(max_length=4000),
         required=False,
         default=dict,
@@ -82,7 +120,11 @@ class ConversationFilterSerializer(serializers.Serializer):
         help_text="Matches titles and message text (case-insensitive).",
     )
     preset_id = serializers.CharField(required=False, max_length=64)
-    ordering = serializers.ChoiceField(choices=ORDERINGS, required=False, default="-updated_at")
+    ordering = serializers.ChoiceField(
+        choices=ORDERINGS, required=False, default="-updated_at",
+        # DRF's message quotes the value whole; name the choices instead.
+        error_messages={"invalid_choice": f"Use one of {', '.join(ORDERINGS)}."},
+    )
 
 
 class PrefixCacheSerializer(serializers.Serializer):
@@ -162,7 +204,8 @@ class MessageTreeSerializer(serializers.Serializer):
 
 
 class MessageCreateSerializer(serializers.Serializer):
-    content = StrictCharField(max_length=16000, trim_whitespace=False)
+    content = UserTextField(help_text="The message text (at most MAX_USER_MESSAGE_CHARS "
+                            "characters, 16000 by default).")
     parent_id = serializers.IntegerField(
         required=False, allow_null=True, default=None, min_value=1,
         help_text="The reply to continue after (default: the conversation's current leaf).",

@@ -54,8 +54,9 @@ class _Outputs:
 
     def __init__(self):
         from inference.outputs import PrefixCacheRecord, RequestOutput
+        from inference.sampler import TokenLogprob
 
-        self._make, self._record = RequestOutput, PrefixCacheRecord
+        self._make, self._record, self._logprob = RequestOutput, PrefixCacheRecord, TokenLogprob
         self._names = {f.name for f in dataclasses.fields(RequestOutput)}
         self._text: dict[int, str] = {}
         self._ids: dict[int, list[int]] = {}
@@ -69,6 +70,10 @@ class _Outputs:
         out = self._make(**{k: v for k, v in data.items() if k in self._names})
         if isinstance(out.prefix_cache, dict):
             out.prefix_cache = self._record(**out.prefix_cache)
+        if out.new_logprobs:
+            out.new_logprobs = [self._logprob(e["token_id"], e["logprob"],
+                                              tuple(map(tuple, e["top"])))
+                                for e in out.new_logprobs]
         return out
 
 

@@ -27,6 +27,8 @@ class Options:
     n: int = 1
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # Log-probabilities of the generated tokens, with this many alternatives (None: off).
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ def sampling_params(job: Job, *, max_model_len: int, tokenizer):
         seed=opts.seed,
         stop=list(opts.stop),
         stop_token_ids=stop_token_ids(tokenizer),
+        logprobs=opts.logprobs,
     )
 
 

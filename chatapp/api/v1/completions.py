@@ -18,6 +18,7 @@ from chatapp.api.errors import OpenAIError, internal, invalid
 from chatapp.api.models import ApiKey
 from chatapp.api.v1.parsing import CompletionRequest
 from chatapp.chat.errors import sentence
+from chatapp.echo import quoted
 from chatapp.generation import dispatch, receipts, remote, router
 from chatapp.generation.engine import aget_tokenizer
 from chatapp.generation.requests import Generation, Job, Options, run_here, stop_token_ids
@@ -34,7 +35,7 @@ def model_ids() -> list[str]:
 def check_model(name: str) -> None:
     if name not in model_ids():
         available = ", ".join(model_ids())
-        raise OpenAIError(404, f"The model '{name}' does not exist. Available: {available}.",
+        raise OpenAIError(404, f"The model {quoted(name)} does not exist. Available: {available}.",
                           param="model", code="model_not_found")
 
 

@@ -2,19 +2,22 @@
 
 Wrong types and out-of-range values become OpenAIError(400) naming the field, so a
 client sees what it got wrong; nothing malformed reaches the prompt builder or the
-engine. Fields we do not use (penalties, logprobs, ...) are ignored, as OpenAI-
-compatible servers usually do, so stock clients keep working.
+engine. The body is decoded by the one bounded JSON decoder (chatapp.api.json_body:
+depth, size, NaN, repeated keys). Fields we would not honour (tools, response_format,
+logprobs, penalties, ...) are refused, never ignored: see unsupported.py.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
 from django.conf import settings
 
 from chatapp.api.errors import OpenAIError, invalid
+from chatapp.api.json_body import JSONBodyError, loads
+from chatapp.api.v1.unsupported import refuse_unsupported
+from chatapp.echo import quoted
 from chatapp.prompts.services import normalise_message
 
 ROLES = ("system", "developer", "user", "assistant")
@@ -44,12 +47,27 @@ class CompletionRequest:
         return [normalise_message(m, i) for i, m in enumerate(self.messages)]
 
 
+def check_content_type(content_type: str | None) -> None:
+    """JSON only: application/json or a +json type. A missing type is read as JSON, as
+    minimal clients omit it; forms and uploads (multipart/form-data) are a 415."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise OpenAIError(
+            415, f"Unsupported Content-Type {quoted(media)}: send the request as JSON with "
+            "'Content-Type: application/json'.", code="unsupported_media_type",
+        )
+
+
 def parse_json(body: bytes) -> dict:
     try:
-        data = json.loads(body or b"")
-    except (ValueError, UnicodeDecodeError):
+        data = loads(body)
+    except JSONBodyError as exc:
+        if exc.too_large:
+            raise OpenAIError(413, "The request body is too large.",
+                              code="request_too_large") from None
         raise invalid(
-            "We could not parse the JSON body of your request. The body must be a JSON object."
+            f"We could not parse the JSON body of your request: {exc.message}", None,
+            "invalid_json",
         ) from None
     if not isinstance(data, dict):
         raise invalid("The request body must be a JSON object.")
@@ -116,7 +134,8 @@ def _messages(value) -> list[dict]:
             raise _bad(where, "must be an object.", "invalid_type")
         role = msg.get("role")
         if role not in ROLES:
-            raise _bad(f"{where}.role", f"must be one of {', '.join(ROLES)}; got {role!r}.")
+            raise _bad(f"{where}.role",
+                       f"must be one of {', '.join(ROLES)}; got {quoted(role)}.")
         content = msg.get("content")
         if content is None and role != "assistant":
             raise _bad(f"{where}.content", "is required.", "invalid_type")
@@ -153,6 +172,7 @@ def _stop(value) -> list[str]:
 
 
 def parse_completion_request(data: dict) -> CompletionRequest:
+    refuse_unsupported(data)
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "is required and must be a string.", "invalid_type")

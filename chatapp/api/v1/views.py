@@ -22,7 +22,8 @@ from chatapp.api.errors import OpenAIError, internal, rate_limited
 from chatapp.api.models import ApiKey
 from chatapp.api.ratelimit import RateLimited, Slot, limiter
 from chatapp.api.v1 import completions
-from chatapp.api.v1.parsing import parse_completion_request, parse_json
+from chatapp.api.v1.parsing import check_content_type, parse_completion_request, parse_json
+from chatapp.echo import quoted
 
 log = logging.getLogger(__name__)
 MODEL_CREATED = 1730000000  # a fixed date: the model list must not change between calls
@@ -57,6 +58,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     slot: Slot | None = None
     try:
         key = await _authorize(request)
+        check_content_type(request.content_type)
         req = parse_completion_request(parse_json(request.body))
         completions.check_model(req.model)
         try:
@@ -151,5 +153,5 @@ async def models(request: HttpRequest, model: str | None = None) -> HttpResponse
 @csrf_exempt
 async def not_found(request: HttpRequest, rest: str = "") -> HttpResponse:
     return OpenAIError(
-        404, f"Unknown request URL: {request.method} {request.path}.", code="unknown_url"
+        404, f"Unknown request URL: {request.method} {quoted(request.path)}.", code="unknown_url"
     ).response()

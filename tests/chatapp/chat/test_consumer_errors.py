@@ -152,3 +152,34 @@ async def test_text_a_tokenizer_cannot_take_gets_an_error_event(alice):
     await still_open(comm)
     assert await snapshot(conv) == before  # nothing stored
     await comm.disconnect()
+
+
+async def test_hostile_json_frames_get_bad_json_and_the_socket_survives(alice, settings):
+    # The frames go through the bounded decoder HTTP bodies use (chatapp.api.json_body):
+    # 100 000 levels deep was a RecursionError that closed the socket with 1011.
+    conv = await conversation_with_history(alice)
+    before = await snapshot(conv)
+    comm = await open_socket(conv, alice)
+    frames = {
+        "[" * 100_000 + "]" * 100_000: "deeper than",
+        '{"type":' * 20_000 + '"ping"' + "}" * 20_000: "deeper than",
+        '{"type": "send", "content": NaN}': "NaN",
+        '{"type": "ping", "type": "send", "content": "x"}': "appears twice",
+        '{"type": "send", "content": 1e999}': "too large",
+        "  ": "empty",
+    }
+    for frame, words in frames.items():
+        await comm.send_to(text_data=frame)
+        event = await expect_error(comm, "bad_json")
+        assert words in event["message"], (frame[:40], event)
+        await still_open(comm)
+    # An unknown type is echoed briefly, in the message and in request_type.
+    await comm.send_json_to({"type": "t" * 200_000})
+    event = await expect_error(comm, "unknown_event")
+    assert len(event["message"]) < 200 and len(event["request_type"]) <= 60
+    settings.REQUEST_JSON_MAX_DEPTH = 2
+    await comm.send_json_to({"type": "send", "content": "hi", "extra": [[1]]})
+    await expect_error(comm, "bad_json")
+    await still_open(comm)
+    assert await snapshot(conv) == before
+    await comm.disconnect()

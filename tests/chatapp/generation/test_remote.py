@@ -25,3 +25,15 @@ def test_deltas_cross_and_the_running_text_and_ids_are_rebuilt():
         if not out.finished:  # only the deltas travel while the sample runs
             assert "text" not in message["output"] and "token_ids" not in message["output"]
         assert rebuild(message["output"]) == out
+
+
+def test_logprobs_cross_as_the_engine_made_them():
+    import json
+
+    from inference.sampler import TokenLogprob
+
+    out = _outputs()[0]
+    out.new_logprobs = [TokenLogprob(5, -0.25, ((5, -0.25), (9, -1.5)))]
+    # Through JSON, as the Redis channel layer carries it.
+    message = json.loads(json.dumps(_message(out)))
+    assert _Outputs()(message["output"]) == out

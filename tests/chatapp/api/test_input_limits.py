@@ -1,0 +1,258 @@
+"""Hostile input over HTTP, in-process (no model: every case is refused before generation).
+
+Deep JSON is a 400 on /v1 and on the conversations API, a non-JSON body a 415, what a
+client sent is echoed only briefly, fields /v1 would not honour are refused by name, the
+message length rule has one owner, and a body that never arrives is a 408.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from django.core.handlers.asgi import ASGIHandler
+
+from chatapp.api import services
+from chatapp.api.ratelimit import limiter
+from chatapp.api.serializers import MessageCreateSerializer
+from chatapp.api.v1.unsupported import UNSUPPORTED
+from chatapp.body_timeout import BodyTimeoutMiddleware
+from chatapp.chat import services as chat_services
+from tests.chatapp.api.conftest import MODEL
+
+pytestmark = pytest.mark.django_db
+HELLO = [{"role": "user", "content": "Hello"}]
+DEEP = b"[" * 100_000 + b"]" * 100_000
+V1 = "/v1/chat/completions"
+
+
+@pytest.fixture
+def user(django_user_model, settings):
+    settings.DEBUG = False
+    limiter.reset()
+    return django_user_model.objects.create_user("mallory")
+
+
+@pytest.fixture
+def auth(user) -> dict:
+    return {"Authorization": f"Bearer {services.api_key_create(user=user)[1]}"}
+
+
+@pytest.fixture
+def conversation(user):
+    return chat_services.conversation_create(owner=user)
+
+
+def openai_error(response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.content[:500]
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+def post_raw(client, path, raw: bytes, auth, content_type="application/json"):
+    return client.post(path, data=raw, content_type=content_type, headers=auth)
+
+
+# --- one bounded JSON decoder ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", [DEEP, b'{"a":' * 50_000 + b"1" + b"}" * 50_000])
+def test_deep_json_on_v1_is_a_400(client, auth, raw):
+    error = openai_error(post_raw(client, V1, raw, auth), 400, "invalid_json")
+    assert "deeper than 32" in error["message"]
+
+
+def test_deep_json_on_the_conversations_api_is_a_400(client, auth, conversation):
+    for path in ("/api/conversations/", f"/api/conversations/{conversation.pk}/messages/"):
+        response = post_raw(client, path, DEEP, auth)
+        assert response.status_code == 400, response.content[:500]
+        assert response.json()["code"] == "parse_error"
+        assert "deeper than 32" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"model": "m", "model": "n", "messages": []}', b'{"temperature": NaN}', b"[1e999]",
+])
+def test_what_json_has_not_is_a_400_on_both_apis(client, auth, raw):
+    openai_error(post_raw(client, V1, raw, auth), 400, "invalid_json")
+    assert post_raw(client, "/api/conversations/", raw, auth).status_code == 400
+
+
+@pytest.mark.parametrize("limit", ["REQUEST_JSON_MAX_BYTES", "DATA_UPLOAD_MAX_MEMORY_SIZE"])
+def test_the_size_limit_is_a_413_on_both_apis(client, auth, conversation, settings, limit):
+    # Ours, and Django's on request.body (it follows ours; DRF reads the body through it,
+    # and its RequestDataTooBig was a 500 on the conversations API).
+    setattr(settings, limit, 1000)
+    raw = json.dumps({"title": "x" * 2000}).encode()
+    for path in ("/api/conversations/", f"/api/conversations/{conversation.pk}/messages/"):
+        response = post_raw(client, path, raw, auth)
+        assert response.status_code == 413 and response.json()["code"] == "request_too_large"
+    openai_error(post_raw(client, V1, raw, auth), 413, "request_too_large")
+
+
+# --- content types -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content_type", [
+    "multipart/form-data; boundary=xyz", "application/x-www-form-urlencoded", "text/plain",
+])
+def test_a_body_that_is_not_json_is_a_415(client, auth, content_type):
+    body = json.dumps({"model": "no-such-model", "messages": HELLO}).encode()
+    error = openai_error(post_raw(client, V1, body, auth, content_type), 415,
+                         "unsupported_media_type")
+    assert "application/json" in error["message"]
+    response = post_raw(client, "/api/conversations/", body, auth, content_type)
+    assert response.status_code == 415 and response.json()["code"] == "unsupported_media_type"
+
+
+def test_a_real_multipart_upload_is_a_415_with_an_error_object(client, auth):
+    response = client.post(V1, {"file": "x" * 100}, headers=auth)  # the client's multipart
+    openai_error(response, 415, "unsupported_media_type")
+
+
+def test_a_json_type_with_a_charset_or_a_suffix_is_json(client, auth):
+    body = json.dumps({"model": "no-such-model", "messages": HELLO}).encode()
+    for content_type in ("application/json; charset=utf-8", "application/vnd.x+json", ""):
+        openai_error(post_raw(client, V1, body, auth, content_type), 404, "model_not_found")
+
+
+# --- bounded echoes ----------------------------------------------------------------------
+
+
+def test_an_unknown_model_name_is_echoed_briefly(client, auth):
+    body = json.dumps({"model": "m" * 1_000_000, "messages": HELLO}).encode()
+    response = post_raw(client, V1, body, auth)
+    error = openai_error(response, 404, "model_not_found")
+    assert "mmmm" in error["message"] and len(response.content) < 1000
+
+
+def test_other_quoted_input_is_echoed_briefly(client, auth):
+    role = {"role": {"x": "y" * 100_000}, "content": "hi"}
+    body = json.dumps({"model": MODEL, "messages": [role]}).encode()
+    assert len(post_raw(client, V1, body, auth).content) < 1000
+    assert len(client.get("/v1/" + "p" * 10_000, headers=auth).content) < 1000
+    ordering = client.get("/api/conversations/?ordering=" + "o" * 10_000, headers=auth)
+    assert ordering.status_code == 400 and len(ordering.content) < 1000
+    variables = json.dumps({"variables": {"v" * 100_000: 1}}).encode()
+    response = post_raw(client, "/api/conversations/", variables, auth)
+    assert response.status_code == 400 and len(response.content) < 1000
+    upload = post_raw(client, "/api/conversations/", b"{}", auth,
+                      "multipart/form-data; boundary=" + "b" * 10_000)
+    assert upload.status_code == 415 and len(upload.content) < 1000
+
+
+# --- fields /v1 would not honour ---------------------------------------------------------
+
+REFUSED = {
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    "tool_choice": "required",
+    "functions": [{"name": "f"}],
+    "function_call": "auto",
+    "parallel_tool_calls": True,
+    "response_format": {"type": "json_object"},
+    "logprobs": True,
+    "top_logprobs": 3,
+    "logit_bias": {"50256": -100},
+    "frequency_penalty": 0.5,
+    "presence_penalty": -1,
+    "store": True,
+    "audio": {"voice": "alloy", "format": "wav"},
+    "modalities": ["text", "audio"],
+    "top_k": 40,
+}
+NEUTRAL = {
+    "tools": [], "tool_choice": "none", "logprobs": False, "frequency_penalty": 0,
+    "presence_penalty": 0.0, "response_format": {"type": "text"}, "logit_bias": {},
+    "store": False, "modalities": ["text"], "top_logprobs": None,
+    # Hints that do not change the reply.
+    "metadata": {"a": "b"}, "service_tier": "auto", "prompt_cache_key": "k",
+}
+
+
+def test_every_refused_field_is_in_the_one_list():
+    assert set(REFUSED) <= set(UNSUPPORTED)
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_a_field_we_would_not_honour_is_refused_by_name(client, auth, name):
+    # An unknown model: were the field let through, the answer would be its 404.
+    body = json.dumps({"model": "no-such-model", "messages": HELLO, name: REFUSED[name]})
+    body = body.encode()
+    error = openai_error(post_raw(client, V1, body, auth), 400, "unsupported_parameter")
+    assert error["param"] == name and name in error["message"]
+
+
+def test_neutral_values_pass_the_check(client, auth):
+    # An unknown model answers 404 after the body is parsed: these passed the check.
+    body = json.dumps({"model": "no-such-model", "messages": HELLO, **NEUTRAL}).encode()
+    openai_error(post_raw(client, V1, body, auth), 404, "model_not_found")
+
+
+# --- the message length rule has one owner -----------------------------------------------
+
+
+def test_the_conversations_api_defers_to_the_message_rule(settings):
+    settings.MAX_USER_MESSAGE_CHARS = 20_000
+    assert MessageCreateSerializer(data={"content": "x" * 17_000}).is_valid()
+    settings.MAX_USER_MESSAGE_CHARS = 100
+    body = MessageCreateSerializer(data={"content": "x" * 101})
+    assert not body.is_valid()
+    assert "limit is 100" in str(body.errors["content"][0])
+    for bad in ("   ", 5, None, "a\x00b"):
+        assert not MessageCreateSerializer(data={"content": bad}).is_valid(), bad
+
+
+# --- a body that never arrives -------------------------------------------------------------
+
+
+async def call_asgi(app, path: str, chunks: list[bytes], *, then_wait: bool) -> list[dict]:
+    """Run one HTTP request through `app`: the body's chunks, the last one ending the body
+    unless `then_wait` (a client that stalls mid-body)."""
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "headers": [(b"host", b"testserver"),
+                                              (b"content-type", b"application/json"),
+                                              (b"content-length", b"1000")],
+             "scheme": "http", "server": ("testserver", 80), "client": ("127.0.0.1", 1),
+             "http_version": "1.1", "asgi": {"version": "3.0"}}
+    pending = [{"type": "http.request", "body": c, "more_body": True} for c in chunks]
+    pending[-1]["more_body"] = then_wait  # complete unless the client is to stall
+    sent: list[dict] = []
+
+    async def receive():
+        if pending:
+            return pending.pop(0)
+        await asyncio.Event().wait()  # the client stays, sending nothing more
+
+    async def send(message):
+        sent.append(message)
+
+    await asyncio.wait_for(app(scope, receive, send), 30)
+    return sent
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path, shape", [(V1, "error"), ("/api/conversations/", "detail")])
+async def test_a_body_that_stops_arriving_is_a_408(path, shape, caplog):
+    app = BodyTimeoutMiddleware(ASGIHandler(), timeout_s=0.3)
+    sent = await call_asgi(app, path, [b'{"model": '], then_wait=True)
+    start, body = sent
+    assert start["status"] == 408 and (b"connection", b"close") in start["headers"]
+    assert shape in json.loads(body["body"])
+    assert "answered 408" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_timeout_does_not_touch_a_body_that_arrives():
+    app = BodyTimeoutMiddleware(ASGIHandler(), timeout_s=5)
+    sent = await call_asgi(app, "/api/conversations/", [b"{}"], then_wait=False)
+    assert sent[0]["status"] == 401  # reached the view: no key
+
+
+def test_the_server_app_has_the_timeout():
+    from chatapp import asgi
+
+    assert isinstance(asgi.http_app, BodyTimeoutMiddleware)
