@@ -171,6 +171,7 @@ class MessageSerializer(serializers.ModelSerializer):
             "error",
             "token_count",
             "usage",
+            "can_continue",
             "created_at",
         ]
         read_only_fields = fields
@@ -213,6 +214,13 @@ class MessageCreateSerializer(serializers.Serializer):
     stream = serializers.BooleanField(
         required=False, default=False,
         help_text="Stream the reply as server-sent events instead of waiting for it.",
+    )
+
+
+class MessageContinueSerializer(serializers.Serializer):
+    stream = serializers.BooleanField(
+        required=False, default=False,
+        help_text="Stream the rest of the reply as server-sent events instead of waiting.",
     )
 
 

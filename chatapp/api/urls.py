@@ -17,6 +17,8 @@ conversation_urls = [
     path("messages/", views.MessageListView.as_view(), name="messages"),
     path("messages/<int:message_id>/", views.MessageDetailView.as_view(), name="message"),
     path("messages/<int:message_id>/stop/", views.MessageStopView.as_view(), name="message-stop"),
+    path("messages/<int:message_id>/continue/", views.MessageContinueView.as_view(),
+         name="message-continue"),
     path("export/", views.ExportView.as_view(), name="export"),
     path("export/markdown/", views.ExportMarkdownView.as_view(), name="export-markdown"),
 ]

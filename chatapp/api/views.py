@@ -33,6 +33,7 @@ from chatapp.api.serializers import (
     ConversationSerializer,
     ErrorSerializer,
     ExportSerializer,
+    MessageContinueSerializer,
     MessageCreateSerializer,
     MessageSerializer,
     MessageTreeSerializer,
@@ -43,7 +44,7 @@ from chatapp.api.serializers import (
 from chatapp.chat import selectors as chat_selectors
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Message
-from chatapp.generation import replies
+from chatapp.generation import orphans, replies
 from chatapp.prompts import catalog
 
 E = ErrorSerializer
@@ -121,7 +122,9 @@ class MessageListView(APIView):
     def get(self, request: Request, conversation_id: int) -> Response:
         """Every message of the conversation as a tree in flat form: each message names its
         parent and children; edits and regenerations are siblings."""
-        tree = conversations.message_tree(conversation=_conversation(request, conversation_id))
+        conversation = _conversation(request, conversation_id)
+        orphans.recover(conversation=conversation)  # a dead process's reply reads interrupted
+        tree = conversations.message_tree(conversation=conversation)
         return Response(MessageTreeSerializer(tree, context={"children": tree["children"]}).data)
 
     @_schema(
@@ -148,45 +151,59 @@ class MessageListView(APIView):
         conversation = _conversation(request, conversation_id)
         body = MessageCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        # A generation slot for a key (browser sessions are not limited); RateLimited is a
-        # 429 from the exception handler.
-        slot = limiter.acquire(request.auth) if isinstance(request.auth, ApiKey) else None
+        # A reply whose process died must not hold the conversation busy.
+        orphans.recover(conversation=conversation)
+        slot = _slot(request)
         try:
             user_msg, reply = chat_services.message_send(
                 conversation=conversation,
                 content=body.validated_data["content"],
                 parent_id=body.validated_data["parent_id"],
             )
-            # A worker generates it, or this process (503 here if the broker is down; the
-            # turn is kept).
-            remote = replies.hand_off(reply)
-            if body.validated_data["stream"]:
-                first = {
-                    "type": "message.created",
-                    "user_message": MessageSerializer(user_msg).data,
-                    "reply": MessageSerializer(reply).data,
-                }
-                stream = conversations.reply_stream(
-                    reply_id=reply.pk,
-                    group=conversation.group_name,
-                    first=first,
-                    on_close=slot.release if slot else (lambda: None),
-                    remote=remote,
-                )
-                slot = None  # the stream releases it
-                response = StreamingHttpResponse(stream, content_type="text/event-stream")
-                response["Cache-Control"] = "no-cache"
-                response["X-Accel-Buffering"] = "no"
-                return response
-            # Runs on the server's event loop; this request's thread waits for the result.
-            async_to_sync(replies.wait)(reply.pk, remote=remote)
+            first = {
+                "type": "message.created",
+                "user_message": MessageSerializer(user_msg).data,
+                "reply": MessageSerializer(reply).data,
+            }
+            response, slot = _generate(conversation, reply, first, slot,
+                                       stream=body.validated_data["stream"])
         finally:
             if slot is not None:
                 slot.release()
+        if response is not None:
+            return response
         user_msg.refresh_from_db()
         reply.refresh_from_db()
         data = {"user_message": user_msg, "reply": reply}
         return Response(TurnSerializer(data).data, status=status.HTTP_201_CREATED)
+
+
+def _slot(request: Request):
+    """A generation slot for a key (browser sessions are not limited); RateLimited is a
+    429 from the exception handler."""
+    return limiter.acquire(request.auth) if isinstance(request.auth, ApiKey) else None
+
+
+def _generate(conversation, reply: Message, first: dict, slot, *, stream: bool):
+    """Start generating `reply`: on a worker, or on this process (503 if the broker is down;
+    the turn is kept). Streamed: (the SSE response, None: the stream releases the slot).
+    Otherwise it waits for the end: (None, slot)."""
+    remote = replies.hand_off(reply)
+    if stream:
+        events = conversations.reply_stream(
+            reply_id=reply.pk,
+            group=conversation.group_name,
+            first=first,
+            on_close=slot.release if slot else (lambda: None),
+            remote=remote,
+        )
+        response = StreamingHttpResponse(events, content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response, None
+    # Runs on the server's event loop; this request's thread waits for the result.
+    async_to_sync(replies.wait)(reply.pk, remote=remote)
+    return None, slot
 
 
 class MessageDetailView(APIView):
@@ -201,14 +218,55 @@ class MessageStopView(APIView):
     @_schema("messages_stop", request=None, responses={202: MessageSerializer, **ERRORS})
     def post(self, request: Request, conversation_id: int, message_id: int) -> Response:
         """Stop a reply being generated: the engine request is cancelled, the text so far
-        is kept with status 'stopped'. Stopping a finished reply changes nothing."""
+        is kept with status 'stopped'. Stopping a finished reply changes nothing; one whose
+        process died is found finished as 'interrupted'."""
         conversation = _conversation(request, conversation_id)
+        orphans.recover(conversation=conversation)
         reply = chat_selectors.message_get(
             conversation=conversation, message_id=message_id, role=Message.Role.ASSISTANT
         )
         if reply.is_active:
             replies.request_stop(reply.pk)
         return Response(MessageSerializer(reply).data, status=status.HTTP_202_ACCEPTED)
+
+
+class MessageContinueView(APIView):
+    @_schema(
+        "messages_continue",
+        request=MessageContinueSerializer,
+        responses={
+            200: MessageSerializer,
+            (200, "text/event-stream"): OpenApiResponse(
+                StreamEventSerializer, description="With `stream: true`: as for a new message; "
+                "message.started carries the text the reply holds already."),
+            400: OpenApiResponse(E, description="Not a reply cut short (interrupted, "
+                                 "stopped, or at its length limit), or not the last of its "
+                                 "branch."),
+            409: OpenApiResponse(E, description="A reply is still being generated."),
+            **ERRORS,
+        },
+    )
+    def post(self, request: Request, conversation_id: int, message_id: int) -> HttpResponse:
+        """Generate more of a reply that was cut short, after the text it holds (the prompt
+        is its previous one plus the reply's ids, so the prefix cache serves it)."""
+        conversation = _conversation(request, conversation_id)
+        body = MessageContinueSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        orphans.recover(conversation=conversation)
+        slot = _slot(request)
+        try:
+            reply = chat_services.message_continue(conversation=conversation,
+                                                   message_id=message_id)
+            first = {"type": "message.created", "reply": MessageSerializer(reply).data}
+            response, slot = _generate(conversation, reply, first, slot,
+                                       stream=body.validated_data["stream"])
+        finally:
+            if slot is not None:
+                slot.release()
+        if response is not None:
+            return response
+        reply.refresh_from_db()
+        return Response(MessageSerializer(reply).data)
 
 
 class ExportView(APIView):

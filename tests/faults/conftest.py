@@ -14,6 +14,8 @@ def fault_server(tmp_path_factory):
     live, proc = start_live_server(
         tmp_path_factory.mktemp("faults"), "faults",
         CHAT_MAX_NEW_TOKENS="64",
+        # Short, for the test of a body that never arrives.
+        REQUEST_BODY_TIMEOUT_S="3",
     )
     yield live
     stop_live_server(proc)

@@ -126,3 +126,33 @@ def test_bad_input(api):
     broken = api.post("/conversations/", content=b"{oops",
                       headers={"Content-Type": "application/json"})
     assert broken.status_code == 400
+
+
+def test_continue_generates_more_of_a_reply_cut_at_its_length_limit(api):
+    cid = api.post("/conversations/", json={"title": "Count"}).json()["id"]
+    turn = api.post(f"/conversations/{cid}/messages/",
+                    json={"content": "Count from one to fifty in words."}).json()
+    reply = turn["reply"]
+    assert reply["finish_reason"] == "length" and reply["can_continue"]  # 8 tokens a reply
+
+    more = api.post(f"/conversations/{cid}/messages/{reply['id']}/continue/")
+    assert more.status_code == 200, more.text
+    longer = more.json()
+    assert longer["id"] == reply["id"] and longer["content"].startswith(reply["content"])
+    assert longer["usage"]["completion_tokens"] > reply["usage"]["completion_tokens"]
+    # Its prompt was the first one plus the reply's ids, served by the cache.
+    assert longer["usage"]["prompt_tokens"] == (
+        reply["usage"]["prompt_tokens"] + reply["usage"]["completion_tokens"])
+    assert longer["usage"]["cached_tokens"] >= 16 * (reply["usage"]["prompt_tokens"] // 16)
+
+    with api.stream("POST", f"/conversations/{cid}/messages/{reply['id']}/continue/",
+                    json={"stream": True}) as response:
+        events = _sse_events(response)
+    started = next(e for n, e in events if n == "message.started")
+    assert started["text"] == longer["content"]
+    assert events[-1][1]["message"]["content"].startswith(longer["content"])
+
+    # A reply that ended on its own, or one with a reply after it, is not continued.
+    api.post(f"/conversations/{cid}/messages/", json={"content": "Thanks."})
+    refused = api.post(f"/conversations/{cid}/messages/{reply['id']}/continue/")
+    assert refused.status_code == 400 and "last reply" in refused.text
