@@ -111,6 +111,16 @@ class Choice:
     engine_reason: str | None = None  # "stop" | "length" | "abort" | "error", once finished
     error: str | None = None
     started: bool = False  # a stream has sent this sample's first chunk
+    # Its tokens' log-probabilities, when asked for (inference.sampler.TokenLogprob), and
+    # how many of them a stream has sent.
+    logprobs: list = field(default_factory=list)
+    logprobs_sent: int = 0
+
+    def unsent_logprobs(self) -> list:
+        """The entries a stream has not sent yet (and counts them sent)."""
+        out = self.logprobs[self.logprobs_sent:]
+        self.logprobs_sent = len(self.logprobs)
+        return out
 
     @property
     def finish_reason(self) -> str | None:
@@ -158,6 +168,8 @@ class Generation:
             self.prefix_cache = out.prefix_cache or self.prefix_cache
         choice = self.choices.setdefault(out.index, Choice(out.index))
         choice.text, choice.token_ids = out.text, out.token_ids  # a fresh list per output
+        if out.new_logprobs:
+            choice.logprobs.extend(out.new_logprobs)
         if out.finished:
             choice.engine_reason, choice.error = out.finish_reason, out.error
 

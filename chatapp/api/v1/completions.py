@@ -16,6 +16,7 @@ from django.conf import settings
 from chatapp.api import selectors, services
 from chatapp.api.errors import OpenAIError, internal, invalid
 from chatapp.api.models import ApiKey
+from chatapp.api.v1.logprobs import logprobs_object
 from chatapp.api.v1.parsing import CompletionRequest
 from chatapp.chat.errors import sentence
 from chatapp.echo import quoted
@@ -99,6 +100,7 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
             n=req.n,
             seed=req.seed,
             stop=tuple(req.stop),
+            logprobs=req.top_logprobs if req.logprobs else None,
         ),
         affinity=router.conversation_key(cache_salt=salt, plan=plan),
     )
@@ -115,6 +117,7 @@ class Completion:
     req: CompletionRequest
     prepared: Prepared
     generation: Generation
+    tokenizer: object = None  # names the tokens of `logprobs`
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -158,12 +161,18 @@ class Completion:
             {
                 "index": c.index,
                 "message": {"role": "assistant", "content": c.text, "refusal": None},
-                "logprobs": None,
+                "logprobs": self.logprobs(c.logprobs),
                 "finish_reason": c.finish_reason or "stop",
             }
             for c in sorted(self.generation.choices.values(), key=lambda c: c.index)
         ]
         return self._body("chat.completion", choices, usage=self.usage())
+
+    def logprobs(self, entries: list) -> dict | None:
+        """The `logprobs` of a choice (or a chunk's part of it); None when not asked for."""
+        if not self.req.logprobs:
+            return None
+        return logprobs_object(self.tokenizer, entries)
 
     def chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
         extra = {"usage": usage} if self.req.include_usage else {}
@@ -192,4 +201,4 @@ async def open_completion(*, key: ApiKey, req: CompletionRequest) -> Completion:
         raise OpenAIError(503, exc.message, code="service_unavailable") from None
     except StopAsyncIteration:
         raise internal() from None
-    return Completion(req=req, prepared=prepared, generation=generation)
+    return Completion(req=req, prepared=prepared, generation=generation, tokenizer=tokenizer)

@@ -22,6 +22,7 @@ from chatapp.prompts.services import normalise_message
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound, and the engine's (inference.sampling_params)
 
 
 @dataclass
@@ -40,6 +41,8 @@ class CompletionRequest:
     cache_salt: str | None = None
     # Our extension: usage.prefix_cache, why the prefix-cache match ended where it did.
     prefix_cache_receipt: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token, with logprobs
 
     @property
     def turns(self) -> list[tuple[str, str]]:
@@ -200,4 +203,15 @@ def parse_completion_request(data: dict) -> CompletionRequest:
         user=_optional_str(data, "user", 256),
         cache_salt=_optional_str(data, "cache_salt", 256),
         prefix_cache_receipt=_bool(data, "prefix_cache_receipt"),
+        **_logprobs(data),
     )
+
+
+def _logprobs(data: dict) -> dict:
+    """`logprobs` and `top_logprobs` (0-20 alternatives a token), the second only with
+    the first, as OpenAI has them."""
+    wanted = _bool(data, "logprobs")
+    top = _int(data, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise _bad("top_logprobs", "needs 'logprobs' set to true.")
+    return {"logprobs": wanted, "top_logprobs": top or 0}

@@ -1,10 +1,10 @@
 """Chat-completions fields this server does not honour: refused, never silently ignored.
 
-A client that sends `response_format`, `tools` or `logprobs` and gets a 200 believes it
-got a JSON reply, a tool call or log-probabilities. So each field below that changes
+A client that sends `response_format` or `tools` and gets a 200 believes it got a JSON
+reply or a tool call. So each field below that changes
 what is generated, or what the reply carries, is a 400 (`unsupported_parameter`, naming
 the field) unless its value asks for nothing beyond what we do anyway: null, or the
-"neutral" value listed (`logprobs: false`, `response_format: {"type": "text"}`,
+"neutral" value listed (`response_format: {"type": "text"}`,
 `presence_penalty: 0`, `tools: []`, ...). Stock SDKs send neither null nor these fields
 unless the caller set them, so they keep working.
 
@@ -46,8 +46,6 @@ UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     "function_call": _equals("none"),
     # Output shape and extras.
     "response_format": _equals({"type": "text"}),
-    "logprobs": _equals(False),
-    "top_logprobs": _never,
     "modalities": _equals(["text"]),
     "audio": _never,
     "prediction": _never,

@@ -108,11 +108,13 @@ async def _sse(completion: completions.Completion, slot: Slot) -> AsyncIterator[
                 if not choice.started:
                     delta = {"role": "assistant", **delta}
                     choice.started = True
-                yield _event(completion.chunk([_chunk_choice(out.index, delta)]))
+                yield _event(completion.chunk([_chunk_choice(
+                    out.index, delta, logprobs=completion.logprobs(choice.unsent_logprobs()))]))
             if out.finished:
-                yield _event(
-                    completion.chunk([_chunk_choice(out.index, {}, choice.finish_reason)])
-                )
+                # Tokens whose text was held back (a possible stop string) end here.
+                yield _event(completion.chunk([_chunk_choice(
+                    out.index, {}, choice.finish_reason,
+                    logprobs=completion.logprobs(choice.unsent_logprobs()))]))
         await completion.remember()
         if completion.req.include_usage:
             yield _event(completion.chunk([], usage=completion.usage()))
@@ -127,8 +129,9 @@ async def _sse(completion: completions.Completion, slot: Slot) -> AsyncIterator[
     yield _event("[DONE]")
 
 
-def _chunk_choice(index: int, delta: dict, finish_reason: str | None = None) -> dict:
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def _chunk_choice(index: int, delta: dict, finish_reason: str | None = None,
+                  logprobs: dict | None = None) -> dict:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def _model(name: str) -> dict:

@@ -181,3 +181,36 @@ def test_the_prefix_cache_receipt_comes_only_when_asked(accounts, client_for, cl
     receipt = usage.model_dump()["prefix_cache"]
     assert (receipt["reason"], receipt["matched_tokens"]) == ("cold", 0)
     assert usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_logprobs_with_their_top_alternatives(client):
+    import openai
+
+    done = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
+                                          temperature=0, logprobs=True, top_logprobs=3)
+    [choice] = done.choices
+    content = choice.logprobs.content
+    assert len(content) == done.usage.completion_tokens
+    assert b"".join(bytes(t.bytes) for t in content).decode() == choice.message.content
+    for token in content:
+        assert token.logprob <= 0 and len(token.top_logprobs) == 3
+        # Greedy: the token taken is the most likely one.
+        assert token.top_logprobs[0].token == token.token
+        assert abs(token.top_logprobs[0].logprob - token.logprob) < 1e-6
+        assert token.top_logprobs[0].logprob >= token.top_logprobs[-1].logprob
+
+    # Streamed, the same tokens arrive with the chunks that carry them.
+    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
+                                            temperature=0, logprobs=True, stream=True)
+    streamed = [t for chunk in stream for c in chunk.choices if c.logprobs
+                for t in c.logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert all(t.top_logprobs == [] for t in streamed)
+
+    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)
+    assert plain.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(model=MODEL, messages=QUESTION, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(model=MODEL, messages=QUESTION, logprobs=True,
+                                       top_logprobs=21)

@@ -154,8 +154,6 @@ REFUSED = {
     "function_call": "auto",
     "parallel_tool_calls": True,
     "response_format": {"type": "json_object"},
-    "logprobs": True,
-    "top_logprobs": 3,
     "logit_bias": {"50256": -100},
     "frequency_penalty": 0.5,
     "presence_penalty": -1,
