@@ -122,5 +122,8 @@ def total_figures(snapshots: Sequence[dict], recent_n: int) -> dict:
     """Figures summed over engines; rates are recomputed from the summed tokens."""
     # Each engine's own last n: there is no common clock to merge them by.
     recent = [r for s in snapshots for r in _last(s, recent_n)]
-    return _figures(snapshots, recent, recent, engine_id="total", model="", block_size=None,
+    # TTFT over every recent request of each engine, as engine_figures takes it: with one
+    # engine the two must agree (they did not when this took only the last n).
+    every = [r for s in snapshots for r in s.get("recent_requests") or []]
+    return _figures(snapshots, recent, every, engine_id="total", model="", block_size=None,
                     **dict.fromkeys(IDENTITY))

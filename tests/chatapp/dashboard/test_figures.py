@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -278,3 +279,45 @@ def test_the_host_disk_tier_and_why_matches_ended_are_shown_and_exported(client,
                     (("engine", "worker-1"),))] == 320
     assert samples[("prefixchat:kv_tier_disk_bytes", (("engine", "worker-1"),))] == 14_745_600
     assert samples[("prefixchat:kv_tier_restore_seconds_count", (("engine", "worker-1"),))] == 4
+
+
+def _requests(n: int, *, hit_every: int = 5) -> list[dict]:
+    """n finished requests, one in `hit_every` a cache hit; TTFTs all differ."""
+    return [{"request_id": f"api-{i}", "prompt_tokens": 100,
+             "cached_tokens": 96 if i % hit_every == 0 else 0, "completion_tokens": 5,
+             "ttft": 0.01 * (i + 1), "e2e": 1.0, "finish_reason": "stop"} for i in range(n)]
+
+
+def test_with_one_engine_all_engines_agree_with_it():
+    # More recent requests than the recent-hit-rate window: the TTFT figures once took the
+    # window for the total and every request for the engine, so they disagreed.
+    snap = fake_snapshot("web", recent_requests=_requests(60))
+    engine = stats.engine_figures(snap, 50)
+    total = stats.total_figures([snap], 50)
+    assert total["ttft"] == engine["ttft"]
+    assert total["ttft"]["miss"]["requests"] + total["ttft"]["hit"]["requests"] == 60
+    assert total["recent"] == engine["recent"]
+    for key in stats.SUMMED + ("hit_rate", "kv_cache_usage", "restore_ms_per_block"):
+        assert total[key] == engine[key], key
+
+
+def test_with_two_engines_the_total_takes_each_engines_requests():
+    a = fake_snapshot("a", recent_requests=_requests(60))
+    b = fake_snapshot("b", recent_requests=_requests(7, hit_every=2))
+    total = stats.total_figures([a, b], 50)
+    per = [stats.engine_figures(s, 50) for s in (a, b)]
+    for kind in ("hit", "miss"):
+        assert total["ttft"][kind]["requests"] == sum(f["ttft"][kind]["requests"] for f in per)
+    assert total["recent"]["requests"] == 57
+
+
+@pytest.mark.django_db
+def test_the_page_has_jump_links_and_no_placeholder_for_missing_restores(staff_client):
+    sampling.snapshot_record(snapshot=fake_snapshot("worker-1"))  # no tier, no restores
+    page = staff_client.get("/admin/cache/").content.decode()
+    assert "ms a block" not in page and "restore —" not in page
+    toc = page[page.index('id="dash-toc"'):page.index("</nav>", page.index('id="dash-toc"'))]
+    targets = re.findall(r'href="#([\w-]+)"', toc)
+    assert len(targets) == 6
+    for target in targets:
+        assert f'id="{target}"' in page, target
