@@ -102,6 +102,10 @@ class AsyncEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
+        if params.json_schema is not None and params.grammar is None:
+            # Compiled here, on a thread of its own, before the request reaches the step
+            # thread: a new schema's compile never holds up the running requests' steps.
+            await asyncio.to_thread(self.engine.compile_grammar, params)
         stream = _Stream(asyncio.get_running_loop(), params.n)
         self._streams[request_id] = stream
         self._send(("add", request_id, prompt, params, cache_salt, time.monotonic()))

@@ -10,6 +10,7 @@ from collections.abc import Sequence as Seq
 from inference.config import EngineConfig
 from inference.cpu_allocator import release_free_heap
 from inference.detokenizer import detokenize_incrementally, find_stop_string
+from inference.grammar import GrammarCompiler, mask_logits
 from inference.kv_cache_manager import KVCacheManager
 from inference.kv_offload import attach_tier, build_tier, prewarm
 from inference.loader import auto_weight_dtype, load_weights, resolve_model_path
@@ -84,6 +85,7 @@ class LLMEngine:
         self.metrics = EngineMetrics()
         self._seq_ids = itertools.count()
         self.vocab_size = self.model_config.vocab_size
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -121,6 +123,14 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
 
+    def compile_grammar(self, params: SamplingParams) -> None:
+        """Compile params.json_schema into params.grammar (cached per schema; a few ms, or
+        ~0.4 s for the process's first). Thread-safe: AsyncEngine calls it off the step
+        thread, so a compile never holds up other requests' steps. InvalidRequestError
+        (param response_format) for a schema we cannot honour."""
+        if params.json_schema is not None and params.grammar is None:
+            params.grammar = self.grammars.compile(params.json_schema)
+
     def add_request(
         self,
         request_id: str,
@@ -132,6 +142,7 @@ class LLMEngine:
         params = params or SamplingParams()
         ids = self.encode(prompt)
         self.validate(request_id, ids, params)
+        self.compile_grammar(params)
         seqs = []
         for i in range(params.n):
             seq = Sequence(next(self._seq_ids), request_id, i, ids, params, cache_salt, arrival_time)
@@ -164,7 +175,11 @@ class LLMEngine:
         ]
         try:
             logits = self.runner.execute(sched.seqs, sched.num_tokens)
-            tokens = sample(logits, sampling) if sampling else []
+            # Constrained rows masked by their grammars (a copy when logprobs must still
+            # see the model's own distribution); other rows as the model gave them.
+            keep = any(s.params.logprobs is not None for s in sampling)
+            masked = mask_logits(logits, sampling, keep) if sampling else logits
+            tokens = sample(masked, sampling) if sampling else []
             logprobs = token_logprobs(logits, sampling, tokens) if sampling else []
         except Exception as exc:  # a fault fails this step's requests, not the engine
             log.exception("engine step failed")
@@ -188,6 +203,11 @@ class LLMEngine:
 
     def _append(self, seq: Sequence, token: int, now: float) -> None:
         seq.append_token(token)
+        if seq.grammar is not None and not seq.grammar.accept(token):
+            # Only a failed grammar (out of fuel: inference/grammar.LIMITS) gets here: a
+            # masked draw never picks a refused token.
+            self.scheduler.finish(seq, "error", error=f"structured output: {seq.grammar.error()}")
+            return
         if seq.first_token_time is None:
             seq.first_token_time = now
             self.metrics.ttft.observe(now - seq.arrival_time)
@@ -205,6 +225,8 @@ class LLMEngine:
         reason = None
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             reason = "stop"
+        elif seq.grammar is not None and seq.grammar.finished:
+            reason = "stop"  # its end token, when ignore_eos kept the rule above from seeing it
         elif p.stop and (cut := find_stop_string(seq.text, p.stop, before)) is not None:
             seq.text = seq.text[:cut]
             reason = "stop"

@@ -32,6 +32,11 @@ class SamplingParams:
     # Log-probabilities of each generated token and of this many most likely tokens at its
     # position (0-20, as OpenAI's top_logprobs); None: not computed.
     logprobs: int | None = None
+    # Structured output: the reply must be JSON valid under this JSON Schema (JSON text).
+    # LLMEngine.compile_grammar turns it into `grammar` (inference.grammar.Grammar) before
+    # the request enters the engine; a schema it cannot honour is refused, never loosened.
+    json_schema: str | None = None
+    grammar: object | None = field(default=None, repr=False, compare=False)
 
     def validate(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -50,6 +55,8 @@ class SamplingParams:
         ):
             raise InvalidRequestError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}]",
                                       "top_logprobs")
+        if self.json_schema is not None and not isinstance(self.json_schema, str):
+            raise InvalidRequestError("json_schema must be JSON text", "response_format")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if any(not isinstance(s, str) or not s for s in self.stop):

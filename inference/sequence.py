@@ -64,6 +64,9 @@ class Sequence:
         self.last_token_time: float | None = None
         # Per generated token, when params.logprobs asks (sampler.TokenLogprob).
         self.logprobs: list = []
+        # Its place in the structured-output grammar (inference.grammar.Matcher), if any:
+        # advanced only when a sampled token is appended, never by a recompute.
+        self.grammar = params.grammar.matcher() if params.grammar is not None else None
         # Detokenization state.
         self.text = ""
         self.sent_text_len = 0
