@@ -8,6 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.views.decorators.http import require_GET, require_POST
 
 from chatapp.chat import selectors, services
@@ -35,13 +36,19 @@ def _tree(conversation) -> dict:
             "messages": [message_dict(m) for m in messages]}
 
 
-def _page(request: HttpRequest, conversation=None) -> HttpResponse:
+def _listing(request: HttpRequest) -> dict:
+    """The sidebar's conversations, filtered by ?q= (titles and message text)."""
     search = request.GET.get("q", "")
+    return {"conversations": selectors.conversation_list(user=request.user, search=search)[:200],
+            "search": search}
+
+
+def _page(request: HttpRequest, conversation=None) -> HttpResponse:
     context = {
-        "conversations": selectors.conversation_list(user=request.user, search=search)[:200],
-        "search": search,
+        **_listing(request),
         "presets": catalog.available_presets(),
-        "default_preset": catalog.default_preset_id(),
+        # The picker shows the open conversation's preset (New chat then makes another like it).
+        "selected_preset": conversation.preset_id if conversation else catalog.default_preset_id(),
         "conversation": conversation,
         "max_chars": settings.MAX_USER_MESSAGE_CHARS,
     }
@@ -62,6 +69,13 @@ def conversation_page(request: HttpRequest, conversation_id: int) -> HttpRespons
     conversation = _conversation_or_404(request, conversation_id)
     orphans.recover(conversation=conversation)
     return _page(request, conversation)
+
+
+@login_required
+@require_GET
+def conversation_list(request: HttpRequest) -> HttpResponse:
+    """The sidebar's list alone: the page swaps it in as the user types a search."""
+    return render(request, "chat/_conversation_list.html", _listing(request))
 
 
 @login_required
@@ -99,6 +113,12 @@ def conversation_rename(request: HttpRequest, conversation_id: int) -> HttpRespo
 def conversation_delete(request: HttpRequest, conversation_id: int) -> HttpResponse:
     replies.delete_conversation(conversation=_conversation_or_404(request, conversation_id))
     return redirect("chat:home")
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponse:
+    """Browsers ask for /favicon.ico on pages that link no icon (the admin's): no 404."""
+    return redirect(static("chat/favicon.svg"), permanent=True)
 
 
 def signup(request: HttpRequest) -> HttpResponse:

@@ -51,6 +51,64 @@
         window.hljs.highlightElement(block);
       });
     }
+    // Added after sanitizing (DOMPurify drops buttons): ours, not the model's.
+    el.querySelectorAll("pre").forEach(function (pre) {
+      const wrap = document.createElement("div");
+      wrap.className = "code-block";
+      pre.replaceWith(wrap);
+      const copy = button("Copy", "copy-code", function () { copyText(pre.textContent.replace(/\n$/, ""), copy); });
+      copy.setAttribute("aria-label", "Copy code");
+      wrap.append(pre, copy);
+    });
+  }
+
+  // --- copying --------------------------------------------------------------
+  // The Clipboard API needs a secure context (https or localhost); a server reached
+  // over plain http by its address gets the older execCommand path.
+  function copyText(text, btn) {
+    function shown(label) {
+      const before = btn.dataset.label || btn.textContent;
+      btn.dataset.label = before;
+      btn.textContent = label;
+      setTimeout(function () { btn.textContent = before; }, 1500);
+    }
+    function fallback() {
+      const area = document.createElement("textarea");
+      area.value = text;
+      area.setAttribute("readonly", "");
+      area.style.position = "fixed";
+      area.style.opacity = "0";
+      document.body.append(area);
+      area.select();
+      let ok = false;
+      try { ok = document.execCommand("copy"); } catch (err) { ok = false; }
+      area.remove();
+      shown(ok ? "Copied" : "Copy failed");
+    }
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(function () { shown("Copied"); }, fallback);
+    } else {
+      fallback();
+    }
+  }
+
+  // --- time -------------------------------------------------------------------
+  // In the browser's locale and time zone: today's messages show the time, older
+  // ones the date too; the full date and time is in the tooltip.
+  const timeOnly = new Intl.DateTimeFormat(undefined, { timeStyle: "short" });
+  const dateAndTime = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "short" });
+  const fullDate = new Intl.DateTimeFormat(undefined, { dateStyle: "full", timeStyle: "medium" });
+
+  function timeElement(iso) {
+    const when = new Date(iso);
+    if (!iso || isNaN(when)) return null;
+    const el = document.createElement("time");
+    el.className = "msg-time";
+    el.dateTime = iso;
+    const today = new Date().toDateString() === when.toDateString();
+    el.textContent = (today ? timeOnly : dateAndTime).format(when);
+    el.title = fullDate.format(when);
+    return el;
   }
 
   // --- the tree -----------------------------------------------------------
@@ -225,6 +283,8 @@
     role.className = "role";
     role.textContent = msg.role === "user" ? "You" : "Assistant";
     head.append(role);
+    const time = timeElement(msg.created_at);
+    if (time) head.append(time);
     const nav = siblingNav(msg);
     if (nav) head.append(nav);
     el.append(head);
@@ -253,6 +313,12 @@
       u.textContent = usage;
       u.title = "Prompt tokens · of which served from the prefix cache · generated tokens · time to first token";
       foot.append(u);
+    }
+    if (msg.role === "assistant" && msg.content && !msg.status.match(/pending|streaming/)) {
+      // The raw Markdown, as the model wrote it.
+      const copy = button("Copy", "link copy-reply", function () { copyText(msg.content, copy); });
+      copy.setAttribute("aria-label", "Copy reply");
+      foot.append(copy);
     }
     const busy = activeReplies().length > 0;
     if (!busy && editing === null) {

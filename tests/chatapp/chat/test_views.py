@@ -133,3 +133,38 @@ def test_the_page_loads_only_vendored_scripts_and_styles(client, alice, conv):
     assert len(refs) >= 5 and not re.search(r'(?:src|href)="(?:https?:)?//', html)
     for ref in refs:
         assert finders.find(ref.removeprefix("/static/")), ref
+
+
+def test_the_picker_shows_the_open_conversations_preset(client, alice, conv):
+    client.force_login(alice)
+    coding = services.conversation_create(owner=alice, preset_id="coding")
+    selected = re.compile(r'<option value="([\w-]+)"\s+selected')
+    html = client.get(reverse("chat:conversation", args=[coding.pk])).content.decode()
+    assert selected.findall(html) == ["coding"]
+    home = client.get(reverse("chat:home")).content.decode()
+    assert selected.findall(home) == [conv.preset_id]  # the default on the start page
+
+
+def test_the_list_fragment_filters_like_the_page(client, alice, bob, conv):
+    client.force_login(alice)
+    services.conversation_create(owner=alice, title="Kernel questions")
+    url = reverse("chat:list")
+    found = client.get(url, {"q": "domination"}).content.decode()
+    assert "Alice&#x27;s plans" in found and "Kernel questions" not in found
+    assert "<html" not in found  # the list items alone
+    assert "No conversation matches" in client.get(url, {"q": "zzz"}).content.decode()
+    client.force_login(bob)
+    assert "Alice" not in client.get(url, {"q": ""}).content.decode()
+    client.logout()
+    assert client.get(url).status_code == 302
+
+
+def test_the_favicon_is_linked_and_served(client, alice, conv):
+    from django.contrib.staticfiles import finders
+
+    client.force_login(alice)
+    html = client.get(reverse("chat:home")).content.decode()
+    icon = re.search(r'<link rel="icon" href="/static/([^"]+)"', html).group(1)
+    assert finders.find(icon)
+    redirect = client.get("/favicon.ico")
+    assert redirect.status_code == 301 and redirect["Location"] == f"/static/{icon}"
