@@ -139,6 +139,18 @@ def test_at_phone_width_nothing_overflows_and_the_sidebar_is_a_drawer(open_page,
                            ".visibility === 'hidden'")
     assert page.errors == []
 
+    # The start page too: its header holds the menu button that opens the drawer.
+    page = open_page("/", viewport=PHONE)
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    page.click(".menu-button")
+    page.wait_for_function(
+        "document.getElementById('sidebar').getBoundingClientRect().left >= 0")
+    box_on_screen(page, "#new-chat")
+    page.click("#drawer-close")
+    page.wait_for_function("getComputedStyle(document.getElementById('sidebar'))"
+                           ".visibility === 'hidden'")
+    assert page.errors == []
+
 
 def test_copy_buttons_copy_the_reply_and_the_code(open_page, chat_server, user):
     page = open_page(conversation_path(user))
