@@ -29,6 +29,10 @@ class Options:
     stop: tuple[str, ...] = ()
     # Log-probabilities of the generated tokens, with this many alternatives (None: off).
     logprobs: int | None = None
+    # Structured output: the JSON Schema (JSON text) the reply must match (None: free
+    # text). Carried as text, so the job stays plain data; the process that runs it
+    # compiles it against its own engine's tokenizer (inference.grammar, cached there).
+    json_schema: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ def sampling_params(job: Job, *, max_model_len: int, tokenizer):
         stop=list(opts.stop),
         stop_token_ids=stop_token_ids(tokenizer),
         logprobs=opts.logprobs,
+        json_schema=opts.json_schema,
     )
 
 

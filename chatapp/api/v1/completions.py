@@ -89,6 +89,8 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
         plan = builder.build_from_turns(turns, assistant_ids_lookup=lookup, cache_salt=salt)
     except PromptError as exc:
         raise invalid(sentence(str(exc), "Invalid messages."), "messages", "invalid_value") from None
+    if req.json_schema is not None:
+        check_schema(req.json_schema)
     job = Job(
         prompt_ids=plan.token_ids,
         cache_salt=salt,
@@ -101,11 +103,25 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
             seed=req.seed,
             stop=tuple(req.stop),
             logprobs=req.top_logprobs if req.logprobs else None,
+            json_schema=req.json_schema,
         ),
         affinity=router.conversation_key(cache_salt=salt, plan=plan),
     )
     # The ids the engine stops on (chatapp.generation.requests), the EOS included.
     return Prepared(job=job, tenant=tenant, stop_token_ids=stop_token_ids(tokenizer))
+
+
+def check_schema(schema: str) -> None:
+    """Refuse a schema we cannot enforce here, before a job is queued: a 400 naming the
+    problem, never free text instead (the engine that runs the job compiles it again,
+    against its own tokenizer, and would refuse it the same way)."""
+    from inference import InvalidRequestError
+    from inference.grammar import grammar_for_schema
+
+    try:
+        grammar_for_schema(schema)
+    except InvalidRequestError as exc:
+        raise invalid(str(exc), exc.param, exc.code) from None
 
 
 @dataclass

@@ -3,13 +3,15 @@
 Wrong types and out-of-range values become OpenAIError(400) naming the field, so a
 client sees what it got wrong; nothing malformed reaches the prompt builder or the
 engine. The body is decoded by the one bounded JSON decoder (chatapp.api.json_body:
-depth, size, NaN, repeated keys). Fields we would not honour (tools, response_format,
-logprobs, penalties, ...) are refused, never ignored: see unsupported.py.
+depth, size, NaN, repeated keys). Fields we would not honour (tools, penalties, ...) are
+refused, never ignored: see unsupported.py.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -23,6 +25,9 @@ from chatapp.prompts.services import normalise_message
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound, and the engine's (inference.sampling_params)
+SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for json_schema.name
+# `json_object`: any JSON object, as a schema, so both modes take one path to the engine.
+JSON_OBJECT_SCHEMA = '{"type":"object"}'
 
 
 @dataclass
@@ -43,6 +48,9 @@ class CompletionRequest:
     prefix_cache_receipt: bool = False
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per token, with logprobs
+    # response_format json_object / json_schema: the JSON Schema the reply must match, as
+    # JSON text (key order kept: it is the order properties are generated in). None: text.
+    json_schema: str | None = None
 
     @property
     def turns(self) -> list[tuple[str, str]]:
@@ -203,6 +211,7 @@ def parse_completion_request(data: dict) -> CompletionRequest:
         user=_optional_str(data, "user", 256),
         cache_salt=_optional_str(data, "cache_salt", 256),
         prefix_cache_receipt=_bool(data, "prefix_cache_receipt"),
+        json_schema=_response_format(data.get("response_format")),
         **_logprobs(data),
     )
 
@@ -215,3 +224,46 @@ def _logprobs(data: dict) -> dict:
     if top is not None and not wanted:
         raise _bad("top_logprobs", "needs 'logprobs' set to true.")
     return {"logprobs": wanted, "top_logprobs": top or 0}
+
+
+def _format_error(path: str, problem: str, code: str = "invalid_value") -> OpenAIError:
+    """A 400 about part of response_format: the message names the part, the param is
+    response_format (OpenAI's param for every problem with it)."""
+    return invalid(f"'{path}' {problem}", "response_format", code)
+
+
+def _response_format(value) -> str | None:
+    """`response_format`: text (None), json_object, or json_schema with a `name` and a
+    `schema` object; `strict` may be true or false, and either way the schema is enforced
+    (a schema we cannot enforce is refused: chatapp.api.v1.completions.prepare)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _format_error("response_format", "must be an object.", "invalid_type")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT_SCHEMA
+    if kind != "json_schema":
+        raise _format_error("response_format.type", "must be one of text, json_object, "
+                            f"json_schema; got {quoted(kind)}.")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise _format_error("response_format.json_schema", "must be an object with a "
+                            "'name' and a 'schema'.", "invalid_type")
+    name = spec.get("name")
+    if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
+        raise _format_error("response_format.json_schema.name", "is required: 1-64 letters, "
+                            "digits, underscores or dashes.")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise _format_error("response_format.json_schema.strict", "must be a boolean.",
+                            "invalid_type")
+    if spec.get("description") is not None and not isinstance(spec["description"], str):
+        raise _format_error("response_format.json_schema.description", "must be a string.",
+                            "invalid_type")
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise _format_error("response_format.json_schema.schema", "is required and must be a "
+                            "JSON Schema object.", "invalid_type")
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)

@@ -1,11 +1,10 @@
 """Chat-completions fields this server does not honour: refused, never silently ignored.
 
-A client that sends `response_format` or `tools` and gets a 200 believes it got a JSON
-reply or a tool call. So each field below that changes
-what is generated, or what the reply carries, is a 400 (`unsupported_parameter`, naming
-the field) unless its value asks for nothing beyond what we do anyway: null, or the
-"neutral" value listed (`response_format: {"type": "text"}`,
-`presence_penalty: 0`, `tools: []`, ...). Stock SDKs send neither null nor these fields
+A client that sends `tools` and gets a 200 believes it got a tool call. So each field
+below that changes what is generated, or what the reply carries, is a 400
+(`unsupported_parameter`, naming the field) unless its value asks for nothing beyond what
+we do anyway: null, or the "neutral" value listed (`presence_penalty: 0`, `tools: []`,
+...). Stock SDKs send neither null nor these fields
 unless the caller set them, so they keep working.
 
 Ignored on purpose, because they do not change the reply: `metadata`, `service_tier`,
@@ -45,7 +44,6 @@ UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     "functions": _equals([]),
     "function_call": _equals("none"),
     # Output shape and extras.
-    "response_format": _equals({"type": "text"}),
     "modalities": _equals(["text"]),
     "audio": _never,
     "prediction": _never,

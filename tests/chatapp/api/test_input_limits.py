@@ -153,7 +153,6 @@ REFUSED = {
     "functions": [{"name": "f"}],
     "function_call": "auto",
     "parallel_tool_calls": True,
-    "response_format": {"type": "json_object"},
     "logit_bias": {"50256": -100},
     "frequency_penalty": 0.5,
     "presence_penalty": -1,
