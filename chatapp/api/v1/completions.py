@@ -5,6 +5,7 @@ bodies, under the key's tenant salt (README, "REST API": remembered reply ids).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -18,11 +19,13 @@ from chatapp.api.errors import OpenAIError, internal, invalid
 from chatapp.api.models import ApiKey
 from chatapp.api.v1.logprobs import logprobs_object
 from chatapp.api.v1.parsing import CompletionRequest
+from chatapp.api.v1.tool_params import calls_key
 from chatapp.chat.errors import sentence
 from chatapp.echo import quoted
 from chatapp.generation import dispatch, receipts, remote, router
 from chatapp.generation.engine import aget_tokenizer
 from chatapp.generation.requests import Generation, Job, Options, run_here, stop_token_ids
+from chatapp.prompts import tools as tools_convention
 from chatapp.prompts.errors import PromptError
 from chatapp.prompts.services import builder_for, cache_salt_for
 
@@ -63,6 +66,8 @@ class Prepared:
     job: Job
     tenant: str
     stop_token_ids: list[int] = field(default_factory=list)
+    # Ids the prompt ends with that belong to the reply (a forced call's opening tag).
+    forced_ids: list[int] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:
@@ -75,15 +80,18 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
     tenant = tenant_of(key)
     salt = request_salt(key, req.cache_salt)
     turns = req.turns
+    # A turn that made tool calls is remembered by its calls' ids: its arguments may come
+    # back re-serialised, its text then differing from what the model wrote.
+    keys = req.remember_keys
     remembered: dict[str, list[int]] | None = None
 
     def lookup(text: str) -> list[int] | None:
         # Fetched once, on the builder's first assistant turn (after its text checks).
         nonlocal remembered
         if remembered is None:
-            texts = [t for role, t in turns if role == "assistant"]
+            texts = [keys.get(t, t) for role, t in turns if role == "assistant"]
             remembered = selectors.remembered_ids(tenant=tenant, texts=texts)
-        return remembered.get(text)
+        return remembered.get(keys.get(text, text))
 
     try:
         plan = builder.build_from_turns(turns, assistant_ids_lookup=lookup, cache_salt=salt)
@@ -91,8 +99,10 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
         raise invalid(sentence(str(exc), "Invalid messages."), "messages", "invalid_value") from None
     if req.json_schema is not None:
         check_schema(req.json_schema)
+    # A forced call starts with its opening tag, in the prompt; the grammar takes its JSON.
+    forced = call_opening_ids(tokenizer) if req.tools is not None and req.tools.forced else []
     job = Job(
-        prompt_ids=plan.token_ids,
+        prompt_ids=tuple(plan.token_ids) + tuple(forced),
         cache_salt=salt,
         options=Options(
             max_tokens=req.max_tokens,
@@ -108,7 +118,12 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
         affinity=router.conversation_key(cache_salt=salt, plan=plan),
     )
     # The ids the engine stops on (chatapp.generation.requests), the EOS included.
-    return Prepared(job=job, tenant=tenant, stop_token_ids=stop_token_ids(tokenizer))
+    return Prepared(job=job, tenant=tenant, stop_token_ids=stop_token_ids(tokenizer),
+                    forced_ids=list(forced))
+
+
+def call_opening_ids(tokenizer) -> list[int]:
+    return tokenizer.encode(tools_convention.CALL_OPEN + "\n", add_special_tokens=False)
 
 
 def check_schema(schema: str) -> None:
@@ -136,6 +151,8 @@ class Completion:
     tokenizer: object = None  # names the tokens of `logprobs`
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
+    _calls: dict = field(default_factory=dict)  # choice index -> tool_calls() result
+    _sent: dict = field(default_factory=dict)  # choice index -> characters streamed
 
     def check(self, out) -> None:
         """A sample that failed inside the engine fails the response (no internals shown)."""
@@ -162,7 +179,14 @@ class Completion:
             reason = c.engine_reason
             ended_by_eos = reason == "stop" and c.token_ids and c.token_ids[-1] in eos_like
             if reason == "length" or ended_by_eos:
-                keep.append((c.text, c.token_ids))
+                made = self.tool_calls(c)
+                if made is not None:
+                    # Known by its calls' ids, with the opening tag a forced call's prompt
+                    # held: exactly the ids this turn's prompt and generation computed.
+                    key = calls_key([call["id"] for call in made[1]])
+                    keep.append((key, self.prepared.forced_ids + list(c.token_ids)))
+                else:
+                    keep.append((c.text, c.token_ids))
         if keep:
             await sync_to_async(services.replies_remember)(tenant=self.prepared.tenant, replies=keep)
 
@@ -172,13 +196,64 @@ class Completion:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.req.model,
                 "choices": choices, **extra}
 
+    def tool_calls(self, choice) -> tuple[str | None, list[dict]] | None:
+        """(the content before them, the calls in OpenAI's shape) when a finished choice
+        made tool calls; None otherwise. Ids are given once a choice."""
+        tools = self.req.tools
+        if tools is None or not tools.active or choice.engine_reason is None:
+            return None
+        if choice.index not in self._calls:
+            text = choice.text
+            if tools.forced:  # the opening tag was the prompt's; the grammar ended the JSON
+                text = f"{tools_convention.CALL_OPEN}\n{text.strip()}\n{tools_convention.CALL_CLOSE}"
+            content, parsed = tools_convention.parse_calls(text, tools.names)
+            if not tools.parallel:
+                parsed = parsed[:1]
+            self._calls[choice.index] = (content or None, [
+                {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                 "function": {"name": call.name,
+                              "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+                for call in parsed
+            ]) if parsed else None
+        return self._calls[choice.index]
+
+    def stream_text(self, choice, out) -> str:
+        """The content a stream sends for output `out`: its delta, except that with tools
+        offered the text from a call's opening tag on is held until the end."""
+        tools = self.req.tools
+        if tools is None or not tools.active:
+            return out.text_delta
+        if tools.forced:
+            return ""
+        sent = self._sent.get(choice.index, 0)
+        upto = len(choice.text) if out.finished and not self.tool_calls(choice) else (
+            tools_convention.held_back(choice.text))
+        self._sent[choice.index] = max(sent, upto)
+        return choice.text[sent:upto]
+
+    def stream_calls(self, choice) -> list[dict] | None:
+        """The tool_calls delta a finished choice ends with (each call whole)."""
+        made = self.tool_calls(choice)
+        if made is None:
+            return None
+        return [{"index": i, **call} for i, call in enumerate(made[1])]
+
+    def finish_reason(self, choice) -> str:
+        return "tool_calls" if self.tool_calls(choice) else (choice.finish_reason or "stop")
+
+    def message(self, choice) -> dict:
+        made = self.tool_calls(choice)
+        if made is None:
+            return {"role": "assistant", "content": choice.text, "refusal": None}
+        return {"role": "assistant", "content": made[0], "refusal": None, "tool_calls": made[1]}
+
     def completion_body(self) -> dict:
         choices = [
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text, "refusal": None},
+                "message": self.message(c),
                 "logprobs": self.logprobs(c.logprobs),
-                "finish_reason": c.finish_reason or "stop",
+                "finish_reason": self.finish_reason(c),
             }
             for c in sorted(self.generation.choices.values(), key=lambda c: c.index)
         ]

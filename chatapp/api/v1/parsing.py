@@ -18,11 +18,16 @@ from django.conf import settings
 
 from chatapp.api.errors import OpenAIError, invalid
 from chatapp.api.json_body import JSONBodyError, loads
+from chatapp.api.v1.tool_params import (
+    ToolRequest,
+    check_tool_message,
+    parse_tools,
+    prompt_turns,
+)
 from chatapp.api.v1.unsupported import refuse_unsupported
 from chatapp.echo import quoted
-from chatapp.prompts.services import normalise_message
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound, and the engine's (inference.sampling_params)
 SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for json_schema.name
@@ -51,11 +56,19 @@ class CompletionRequest:
     # response_format json_object / json_schema: the JSON Schema the reply must match, as
     # JSON text (key order kept: it is the order properties are generated in). None: text.
     json_schema: str | None = None
+    tools: ToolRequest | None = None
 
     @property
     def turns(self) -> list[tuple[str, str]]:
-        """The messages as (role, text), parts joined, "developer" as "system"."""
-        return [normalise_message(m, i) for i, m in enumerate(self.messages)]
+        """The messages as (role, text), parts joined, "developer" as "system", tools and
+        tool calls and results by the prompt manager's convention (chatapp.prompts.tools)."""
+        return prompt_turns(self.messages, self.tools)[0]
+
+    @property
+    def remember_keys(self) -> dict[str, str]:
+        """{an assistant turn's text: the key its ids are remembered by}, for turns that
+        made tool calls (their arguments may come back re-serialised)."""
+        return prompt_turns(self.messages, self.tools)[1]
 
 
 def check_content_type(content_type: str | None) -> None:
@@ -147,6 +160,7 @@ def _messages(value) -> list[dict]:
         if role not in ROLES:
             raise _bad(f"{where}.role",
                        f"must be one of {', '.join(ROLES)}; got {quoted(role)}.")
+        check_tool_message(msg, where)
         content = msg.get("content")
         if content is None and role != "assistant":
             raise _bad(f"{where}.content", "is required.", "invalid_type")
@@ -211,9 +225,22 @@ def parse_completion_request(data: dict) -> CompletionRequest:
         user=_optional_str(data, "user", 256),
         cache_salt=_optional_str(data, "cache_salt", 256),
         prefix_cache_receipt=_bool(data, "prefix_cache_receipt"),
-        json_schema=_response_format(data.get("response_format")),
+        **_structure(data),
         **_logprobs(data),
     )
+
+
+def _structure(data: dict) -> dict:
+    """response_format and tools: a forced tool call (required, or a named function) is
+    generated under its call's schema, so it cannot be combined with another format."""
+    schema = _response_format(data.get("response_format"))
+    tools = parse_tools(data)
+    if tools is not None and tools.forced:
+        if schema is not None:
+            raise invalid("'response_format' cannot be combined with a required or named "
+                          "tool_choice.", "response_format", "invalid_value")
+        schema = tools.call_schema()
+    return {"json_schema": schema, "tools": tools}
 
 
 def _logprobs(data: dict) -> dict:

@@ -1,9 +1,9 @@
 """Chat-completions fields this server does not honour: refused, never silently ignored.
 
-A client that sends `tools` and gets a 200 believes it got a tool call. So each field
+A client that sends `functions` and gets a 200 believes it got a call. So each field
 below that changes what is generated, or what the reply carries, is a 400
 (`unsupported_parameter`, naming the field) unless its value asks for nothing beyond what
-we do anyway: null, or the "neutral" value listed (`presence_penalty: 0`, `tools: []`,
+we do anyway: null, or the "neutral" value listed (`presence_penalty: 0`, `functions: []`,
 ...). Stock SDKs send neither null nor these fields
 unless the caller set them, so they keep working.
 
@@ -38,9 +38,6 @@ def _zero(value: object) -> bool:
 
 UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     # Tool and function calling.
-    "tools": _equals([]),
-    "tool_choice": _equals("none"),
-    "parallel_tool_calls": _never,
     "functions": _equals([]),
     "function_call": _equals("none"),
     # Output shape and extras.

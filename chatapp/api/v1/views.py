@@ -103,17 +103,22 @@ async def _sse(completion: completions.Completion, slot: Slot) -> AsyncIterator[
         async for out in completion.generation.outputs():
             completion.check(out)
             choice = completion.generation.choices[out.index]
-            if out.text_delta or not choice.started:
-                delta = {"content": out.text_delta}
+            text = completion.stream_text(choice, out)
+            if text or not choice.started:
+                delta = {"content": text}
                 if not choice.started:
                     delta = {"role": "assistant", **delta}
                     choice.started = True
                 yield _event(completion.chunk([_chunk_choice(
                     out.index, delta, logprobs=completion.logprobs(choice.unsent_logprobs()))]))
             if out.finished:
+                calls = completion.stream_calls(choice)
+                if calls:
+                    yield _event(completion.chunk([_chunk_choice(
+                        out.index, {"tool_calls": calls})]))
                 # Tokens whose text was held back (a possible stop string) end here.
                 yield _event(completion.chunk([_chunk_choice(
-                    out.index, {}, choice.finish_reason,
+                    out.index, {}, completion.finish_reason(choice),
                     logprobs=completion.logprobs(choice.unsent_logprobs()))]))
         await completion.remember()
         if completion.req.include_usage:

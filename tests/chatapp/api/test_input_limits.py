@@ -148,11 +148,8 @@ def test_other_quoted_input_is_echoed_briefly(client, auth):
 # --- fields /v1 would not honour ---------------------------------------------------------
 
 REFUSED = {
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-    "tool_choice": "required",
     "functions": [{"name": "f"}],
     "function_call": "auto",
-    "parallel_tool_calls": True,
     "logit_bias": {"50256": -100},
     "frequency_penalty": 0.5,
     "presence_penalty": -1,
@@ -162,7 +159,7 @@ REFUSED = {
     "top_k": 40,
 }
 NEUTRAL = {
-    "tools": [], "tool_choice": "none", "logprobs": False, "frequency_penalty": 0,
+    "tools": [], "tool_choice": "none", "functions": [], "logprobs": False, "frequency_penalty": 0,
     "presence_penalty": 0.0, "response_format": {"type": "text"}, "logit_bias": {},
     "store": False, "modalities": ["text"], "top_logprobs": None,
     # Hints that do not change the reply.
