@@ -25,6 +25,8 @@
                                         our server against it on the same workloads
     python -m bench memory              our server's resident memory after a multi-turn
                                         replay, per weight dtype
+    python -m bench grammar             the structured-output grammar's cost per decode
+                                        step at batch 1 and 16, as a share of the step
 
 Each subcommand takes --help.
 """
@@ -48,6 +50,7 @@ SUBCOMMANDS = {
     "quant": "bench.quant",
     "quant-quality": "bench.quant_quality",
     "memory": "bench.memory",
+    "grammar": "bench.grammar",
 }
 
 
