@@ -396,6 +396,40 @@ def test_v1_runs_on_a_worker_and_a_stateless_client_s_next_turn_lands_on_it(clus
             assert turn2["prompt_tokens_details"]["cached_tokens"] >= held // 16 * 16, (turn1, turn2)
 
 
+def test_a_tool_loop_on_a_worker_keeps_its_cache_with_re_serialised_arguments(
+    cluster, alice
+):
+    """A required call runs under its schema on a worker; its next turn, the arguments sent
+    back re-serialised, lands on the same worker and extends the first turn's prompt."""
+    from chatapp.api.services import api_key_create
+
+    _, key = api_key_create(user=alice)
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+        "required": ["city"], "additionalProperties": False}}}
+    ask = [{"role": "user", "content": "What is the weather in Rome?"}]
+    with _v1(cluster, key) as v1:
+        first = v1.post("/chat/completions", json={
+            "model": "smollm2-135m-instruct", "messages": ask, "tools": [tool],
+            "tool_choice": "required", "temperature": 0, "max_tokens": 32})
+        assert first.status_code == 200, first.text
+        body = first.json()
+        [call] = body["choices"][0]["message"]["tool_calls"]
+        assert json.loads(call["function"]["arguments"])["city"] in ("Paris", "Rome")
+        arguments = json.dumps(json.loads(call["function"]["arguments"]),
+                               separators=(",", ":"), sort_keys=True)
+        history = [*ask, {"role": "assistant", "content": None, "tool_calls": [
+            {**call, "function": {**call["function"], "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "21 C"}]
+        second = v1.post("/chat/completions", json={
+            "model": "smollm2-135m-instruct", "messages": history, "tools": [tool],
+            "temperature": 0, "max_tokens": 8})
+        assert second.status_code == 200, second.text
+    turn1, turn2 = body["usage"], second.json()["usage"]
+    held = turn1["prompt_tokens"] + turn1["completion_tokens"]
+    assert turn2["prompt_tokens_details"]["cached_tokens"] >= held // 16 * 16 - 16, (turn1, turn2)
+
+
 def test_a_v1_client_that_leaves_aborts_its_generation_on_the_worker(cluster, alice):
     from chatapp.api.services import api_key_create
 
