@@ -12,12 +12,13 @@ Every problem names the template and, for divergences, the first token that diff
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from chatapp.prompts import tools
 from chatapp.prompts.compare import describe_divergence, first_divergence
 from chatapp.prompts.encoding import TokenEncoder
 from chatapp.prompts.errors import FormatError, PromptError
@@ -275,6 +276,45 @@ def _replay_messages(turns: int) -> list[list[dict[str, str]]]:
     return conversations
 
 
+# A tool loop by the convention of chatapp.prompts.tools: the functions in the system
+# message, a call as the assistant's reply, its result as the next user turn.
+_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TOOL_REPLAY = (
+    ("What is the weather in Paris?", tools.call_text("get_weather", {"city": "Paris"})),
+    (tools.response_text('{"temperature": 18, "sky": "clear"}'),
+     "It is 18 °C and clear in Paris."),
+    ("And in Tokyo?", tools.call_text("get_weather", {"city": "Tokyo"})),
+    (tools.response_text('{"temperature": 9}'), "9 °C in Tokyo."),
+)
+
+
+def _tool_replay_messages() -> tuple[list[list[dict[str, str]]], list[str]]:
+    """The message lists of the tool loop at each user turn, and the replies."""
+    conversations = []
+    system = tools.system_with_tools("You are a helpful assistant.", [_TOOL])
+    messages = [{"role": "system", "content": system}]
+    for user, reply in TOOL_REPLAY:
+        messages = [*messages, {"role": "user", "content": user}]
+        conversations.append(messages)
+        messages = [*messages, {"role": "assistant", "content": reply}]
+    return conversations, [reply for _, reply in TOOL_REPLAY]
+
+
+def _history_problem(fmt: ChatFormat, encoder: TokenEncoder,
+                     conversations: list[list[dict[str, str]]], replies: Sequence[str],
+                     what: str) -> str | None:
+    """Where turn k+1's prompt does not start with turn k's prompt and reply, if anywhere."""
+    prompts = [fmt.render(msgs, add_generation_prompt=True) for msgs in conversations]
+    for turn in range(len(prompts) - 1):
+        cached = prompts[turn] + replies[turn]
+        if not prompts[turn + 1].startswith(cached):
+            return (f"rewrites history{what}: turn {turn + 2}'s prompt does not start with turn "
+                    f"{turn + 1}'s prompt and reply; "
+                    + _text_divergence(encoder, cached, prompts[turn + 1][: len(cached)]))
+    return None
+
+
 def _text_divergence(encoder: TokenEncoder, a: str, b: str) -> str:
     ids = encoder.trusted(a), encoder.trusted(b)
     where = describe_divergence(encoder.tokenizer, *ids, labels=("before", "after"))
@@ -316,21 +356,16 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
 
     # History: what the engine holds after turn k (its prompt and the reply it generated)
     # must be where turn k+1's prompt starts, or the prefix cache misses from there on.
+    # The same for a tool loop (tools listed, calls made, results returned).
     try:
-        prompts = [fmt.render(msgs, add_generation_prompt=True) for msgs in conversations]
+        problem = _history_problem(fmt, encoder, conversations, REPLAY_REPLIES, "")
+        problem = problem or _history_problem(fmt, encoder, *_tool_replay_messages(),
+                                              " in a tool loop")
     except PromptError as exc:
         result.add("render", str(exc))
         return result
-    for turn in range(len(prompts) - 1):
-        cached = prompts[turn] + REPLAY_REPLIES[turn]
-        if not prompts[turn + 1].startswith(cached):
-            result.add(
-                "history",
-                f"rewrites history: turn {turn + 2}'s prompt does not start with turn "
-                f"{turn + 1}'s prompt and reply; "
-                + _text_divergence(encoder, cached, prompts[turn + 1][: len(cached)]),
-            )
-            break
+    if problem:
+        result.add("history", problem)
 
     # Message by message (what the builder does) must equal the whole rendering.
     try:
@@ -367,7 +402,8 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
     else:
         result.notes.append("this tokenizer lacks the format's special tokens: checked as text")
     if result.ok:
-        result.notes.append(f"{len(prompts)}-turn replay: every prompt extends the previous one")
+        result.notes.append(f"{len(conversations)}-turn replay and a {len(TOOL_REPLAY)}-turn "
+                            "tool loop: every prompt extends the previous one")
     return result
 
 

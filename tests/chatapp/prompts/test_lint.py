@@ -47,6 +47,7 @@ def test_lint_command_passes_on_shipped_templates(command_tokenizer, capsys):
         ("sandbox_escape.jinja", "sandbox", ["sandbox violation", "'__class__'"]),
         ("syntax_error.jinja", "syntax", ["syntax error at line 4"]),
         ("rewrites_history.jinja", "history", ["rewrites history", "first divergence at token"]),
+        ("rewrites_tool_calls.jinja", "history", ["rewrites history in a tool loop"]),
     ],
 )
 def test_bad_template_fails_naming_the_cause(tokenizer, name, code, words):
@@ -68,7 +69,7 @@ def test_two_renders_under_different_clocks_and_seeds_diverge(tokenizer, name):
 
 
 def test_lint_command_fails_and_names_every_bad_template(command_tokenizer, capsys):
-    with pytest.raises(CommandError, match="lint failed for 6 of 6"):
+    with pytest.raises(CommandError, match="lint failed for 7 of 7"):
         call_command("prompts", "lint", str(BAD_TEMPLATES))
     out = capsys.readouterr().out
     for path in BAD_TEMPLATES.glob("*.jinja"):
