@@ -180,3 +180,22 @@ def test_compiled_grammars_are_cached_per_schema(make_engine):
     engine.compile_grammar(a)
     engine.compile_grammar(b)
     assert a.grammar is b.grammar
+
+
+def test_a_grammar_out_of_fuel_fails_its_request_only(make_engine, monkeypatch):
+    # Limits so low the first string's pattern exhausts them: the matcher fails, its mask
+    # leaves only the end token, and that end must not pass for a complete value.
+    import inference.grammar as grammar
+
+    monkeypatch.setattr(grammar, "LIMITS", {**grammar.LIMITS, "step_lexer_fuel": 50,
+                                            "step_max_items": 5})
+    schema = {"type": "object", "required": ["name"],
+              "properties": {"name": {"type": "string", "pattern": "^[a-z]{3,40}(x|y){2,9}$"}}}
+    engine = make_engine()
+    engine.add_request("g", rand_ids(10, 1), SamplingParams(max_tokens=40,
+                                                            json_schema=json.dumps(schema)))
+    engine.add_request("p", rand_ids(10, 2), SamplingParams(max_tokens=5, ignore_eos=True))
+    outs = run(engine)
+    assert outs[("g", 0)].finish_reason == "error"
+    assert "structured output" in outs[("g", 0)].error
+    assert outs[("p", 0)].finish_reason == "length"
