@@ -27,6 +27,8 @@
                                         replay, per weight dtype
     python -m bench grammar             the structured-output grammar's cost per decode
                                         step at batch 1 and 16, as a share of the step
+    python -m bench toolloop            an agent's tool loop with re-serialised arguments:
+                                        the cached share of each turn
 
 Each subcommand takes --help.
 """
@@ -51,6 +53,7 @@ SUBCOMMANDS = {
     "quant-quality": "bench.quant_quality",
     "memory": "bench.memory",
     "grammar": "bench.grammar",
+    "toolloop": "bench.toolloop",
 }
 
 
