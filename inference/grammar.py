@@ -162,8 +162,16 @@ class GrammarCompiler:
         grammar = grammar_for_schema(schema)
         tok = _ll_tokenizer(self._tokenizer, self._vocab_size)
         template = llg.LLMatcher(tok, grammar, log_level=0, limits=_limits())
-        if template.is_error():
-            raise _refusal(template.get_error())
+        probe = template.deep_copy()
+        if not probe.is_error():
+            # Some grammars fail only at their first mask ({"$ref": "#"}): a 400 now, not
+            # a failed reply later.
+            probe.compute_bitmask()
+        if template.is_error() or probe.is_error():
+            error = (template.get_error() or probe.get_error()).strip()
+            if " " not in error:  # a bare stop reason, such as NoExtensionBias
+                error = f"no JSON value can be generated from it ({error})"
+            raise _refusal(error)
         compiled = Grammar(template, tok.eos_token)
         with self._lock:
             self._cache[schema] = compiled

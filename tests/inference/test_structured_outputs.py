@@ -157,6 +157,14 @@ def test_a_schema_we_cannot_honour_is_refused_by_name(make_engine, schema, needl
     assert not engine.has_unfinished_requests()
 
 
+def test_a_schema_that_fails_at_its_first_mask_is_refused_at_compile(make_engine):
+    # Valid as a document, but no value can be generated: refused, not a failed reply.
+    engine = make_engine()
+    with pytest.raises(InvalidRequestError) as err:
+        engine.add_request("r", rand_ids(8, 1), SamplingParams(json_schema='{"$ref": "#"}'))
+    assert err.value.param == "response_format" and "no JSON value" in str(err.value)
+
+
 def test_async_engine_compiles_before_queueing_and_refuses_bad_schemas(make_engine):
     async def main():
         engine = AsyncEngine(engine=make_engine())
