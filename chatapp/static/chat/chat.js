@@ -36,12 +36,28 @@
     });
   }
 
+  // A reply that is one JSON value (a structured output), or that holds tool calls, reads
+  // better as highlighted, indented JSON than as a paragraph.
+  function structured(text) {
+    const trimmed = text.trim();
+    if (/^[[{]/.test(trimmed)) {
+      try {
+        return "```json\n" + JSON.stringify(JSON.parse(trimmed), null, 2) + "\n```";
+      } catch (e) { /* not JSON (yet, while streaming): as written */ }
+    }
+    return text.replace(/<tool_call>\s*([\s\S]*?)\s*<\/tool_call>/g, function (all, body) {
+      try {
+        return "\n**Tool call**\n\n```json\n" + JSON.stringify(JSON.parse(body), null, 2) + "\n```\n";
+      } catch (e) { return all; }
+    });
+  }
+
   function renderMarkdown(el, text) {
     if (!markedParse || !window.DOMPurify) {
       el.textContent = text; // no renderer: plain text is always safe
       return;
     }
-    const html = markedParse(text, { gfm: true, breaks: true });
+    const html = markedParse(structured(text), { gfm: true, breaks: true });
     el.innerHTML = window.DOMPurify.sanitize(html, {
       USE_PROFILES: { html: true },
       FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select"],

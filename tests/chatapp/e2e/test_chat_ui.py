@@ -284,3 +284,24 @@ def test_the_preset_picker_shows_the_open_conversations_preset_in_full(open_page
         page.wait_for_function(
             "document.getElementById('sidebar').getBoundingClientRect().left >= 0")
         assert page.locator("#preset-picker").bounding_box()["width"] > fits["widest"] + 28
+
+
+def test_a_json_reply_and_a_tool_call_show_as_highlighted_json(open_page, chat_server):
+    other = chat_server.seed("users", "1", "structured")[0]
+    cid = str(other["conversation_id"])
+    chat_server.seed("reply", cid, '{"city": "Paris", "population": 2102650}')
+    chat_server.seed("reply", cid, 'Checking.\n<tool_call>\n{"name": "get_weather", '
+                                   '"arguments": {"city": "Paris"}}\n</tool_call>')
+    page = open_page(f"/c/{cid}/")
+    page.context.clear_cookies()
+    page.context.add_cookies([{"name": "sessionid", "value": other["sessionid"],
+                               "url": chat_server.url}])
+    page.goto(f"{chat_server.url}/c/{cid}/")
+    wait_connected(page)
+    first, second = page.locator("article.msg.assistant .msg-body").all()[:2]
+    code = first.locator("pre code.language-json")
+    assert code.count() == 1 and '"population": 2102650' in code.inner_text()
+    assert code.locator(".hljs-attr").count() >= 2  # highlighted, keys marked
+    assert "Tool call" in second.inner_text()
+    assert '"name": "get_weather"' in second.locator("pre code.language-json").inner_text()
+    assert "<tool_call>" not in second.inner_text()
