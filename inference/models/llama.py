@@ -157,12 +157,20 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
         self.scale = self.head_dim**-0.5
+        # Qwen3: an RMSNorm over each head of q and of k, before RoPE.
+        self.qk_norm = config.model_type == "qwen3"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj.forward(x)
         # q and k heads side by side: one rotary pass for both.
         qk = qkv[:, : self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads,
                                                       self.head_dim)
+        if self.qk_norm:
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = torch.cat([self.q_norm.forward(q), self.k_norm.forward(k)], dim=1)
         q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping, meta.all_slots_valid)
@@ -197,7 +205,8 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama-family decoder; Qwen2 differs only by the bias on q/k/v.
+    """Llama-family decoder; Qwen2 differs by the bias on q/k/v, Qwen3 by an RMSNorm on
+    each q and k head before RoPE (and an explicit head_dim).
 
     Inside the model, modules call their children's forward() directly: none has
     hooks, and nn.Module.__call__ costs a few microseconds a call, about 1 ms of a
@@ -295,6 +304,8 @@ class LlamaForCausalLM(nn.Module):
         linears = [m for name, m in self.linear_layers().items() if name != "lm_head"]
         if not (runs_here(dtype) and all(w.is_cpu and w.is_contiguous() for w in norms)):
             return False
+        if self.layers[0].self_attn.qk_norm:
+            return False  # the C step has no per-head q/k norm (Qwen3): the torch forward
         quantized = all(m.quantized is not None for m in linears)
         if not quantized and not all(m.takes_plain_rows() for m in linears):
             return False
@@ -359,5 +370,8 @@ class LlamaForCausalLM(nn.Module):
                 take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
             ]))
             layer.mlp.down_proj.weight.copy_(take(p + "mlp.down_proj.weight"))
+            if attn.qk_norm:
+                attn.q_norm.weight.copy_(take(p + "self_attn.q_norm.weight"))
+                attn.k_norm.weight.copy_(take(p + "self_attn.k_norm.weight"))
             layer.input_layernorm.weight.copy_(take(p + "input_layernorm.weight"))
             layer.post_attention_layernorm.weight.copy_(take(p + "post_attention_layernorm.weight"))

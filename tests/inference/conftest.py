@@ -16,11 +16,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja", "generation_config.json")
 
 
-def make_tiny_model(dest: Path, model_type: str = "llama", seed: int = 0, tied: bool = True) -> Path:
-    """A 2-layer random model with SmolLM2's tokenizer (so text round-trips)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+def make_tiny_model(dest: Path, model_type: str = "llama", seed: int = 0, tied: bool = True,
+                    **extra) -> Path:
+    """A 2-layer random model with SmolLM2's tokenizer (so text round-trips); `extra`
+    goes to the config (Qwen3's head_dim, a rope scaling, ...)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[model_type]
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[model_type]
     config = cls(
         vocab_size=49152,
         hidden_size=64,
@@ -33,6 +35,7 @@ def make_tiny_model(dest: Path, model_type: str = "llama", seed: int = 0, tied: 
         rms_norm_eps=1e-5,
         bos_token_id=1,
         eos_token_id=2,
+        **extra,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -139,3 +139,38 @@ def test_greedy_generation_matches_transformers_with_cache_on_and_off(smollm2_en
             g = smollm2_hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)
         assert g[0, len(ids):].tolist() == ours
     assert sum(map(len, first)) >= 8 * 30  # the prompts ask for long replies
+
+
+def _parity(path, n_tokens: int, chunks: list[int], tol: float = TOL) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", num_blocks=64))
+    ids = torch.randint(0, 49152, (n_tokens,), generator=torch.Generator().manual_seed(2)).tolist()
+    ref = hf_logits(hf, ids)
+    _, ours = our_logits(engine, ids, chunks)
+    assert (ours - ref).abs().max().item() < tol
+    # Decoding token by token past the prompt (the decode path) agrees too.
+    engine.reset_prefix_cache()
+    _, stepped = our_logits(engine, ids, [n_tokens - 8] + [1] * 8)
+    assert (stepped - ref).abs().max().item() < tol
+
+
+def test_qwen3_with_per_head_qk_norm_and_its_own_head_dim_matches_transformers(tmp_path):
+    """Qwen3: an RMSNorm on each q and k head before RoPE, no q/k/v bias, a head_dim that
+    is not hidden / heads (here 32 against 64 / 4)."""
+    from tests.inference.conftest import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "qwen3", "qwen3", head_dim=32)
+    _parity(path, 70, [5, 16, 1, 30, 18])
+
+
+def test_llama3_rope_scaling_matches_transformers_past_the_original_context(tmp_path):
+    """Llama 3.2's rope_type "llama3": positions up to 3x the original context of 64."""
+    from tests.inference.conftest import make_tiny_model
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+    path = make_tiny_model(tmp_path / "llama3", "llama", rope_parameters=rope)
+    _parity(path, 200, [64, 100, 36])
