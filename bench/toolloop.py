@@ -4,14 +4,16 @@ the client sends the call back re-serialised (keys sorted, no spaces: what many 
 frameworks do) with the tool's result, and asks again.
 
     python -m bench toolloop [--turns 8] [--loops 3] [--url URL --api-key KEY]
-                             [--out bench-results/toolloop.json]
+                             [--no-mask-cost] [--out bench-results/toolloop.json]
 
 Without --url it starts our server as `make run` would (its own SQLite file). Per turn it
 reports the prompt, the cached tokens and the share of the cacheable prefix (the previous
 turn's prompt and completion, in whole 16-token blocks, less one block) that the cache
 served, and the completion's time per output token. A server that re-rendered the
 re-serialised arguments would miss from the first call on; ours splices back the ids
-it generated (README, "Tools").
+it generated (README, "Tools"). Then, in this process, the grammar mask's cost per
+decode token at batch 1 and 16 on the default model (`python -m bench grammar`, one
+round), since each of these calls was generated under one.
 """
 
 from __future__ import annotations
@@ -113,6 +115,12 @@ def run(args: argparse.Namespace) -> dict:
         if server is not None:
             server.stop()
     result = {"turns": args.turns, "loops": args.loops, "rows": rows, "by_turn": summarise(rows)}
+    if args.mask_cost:
+        from bench import grammar
+
+        result["grammar_mask"] = grammar.main([
+            "--batches", "1", "16", "--rounds", "1",
+            "--out", str(args.out.with_name(args.out.stem + "-grammar.json"))])["batches"]
     print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'share of cacheable':>19} {'s':>6}")
     for turn, row in result["by_turn"].items():
         share = row["cached_share_of_cacheable"]
@@ -132,6 +140,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--url", default=None, help="a running server (default: start ours)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-mask-cost", dest="mask_cost", action="store_false",
+                   help="skip measuring the grammar mask's cost per token")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p.parse_args(argv)
 

@@ -11,7 +11,7 @@ from tests.bench.test_serve import api_key, live_api  # noqa: F401
 def test_toolloop_reports_the_cached_share_per_turn(live_api, tmp_path):  # noqa: F811
     out = tmp_path / "toolloop.json"
     result = main(["--turns", "3", "--loops", "1", "--url", live_api.url,
-                   "--api-key", api_key(live_api), "--out", str(out)])
+                   "--api-key", api_key(live_api), "--out", str(out), "--no-mask-cost"])
     assert out.exists() and len(result["rows"]) == 3
     for row in result["rows"]:
         assert row["call"] in ("get_weather", "get_time")
