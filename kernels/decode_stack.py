@@ -44,6 +44,8 @@ class _Layer(ctypes.Structure):
         ("o", _Matmul),
         ("gate_up", _Matmul),
         ("down", _Matmul),
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
     ]
 
 
@@ -69,7 +71,7 @@ Weight = QuantizedWeight | torch.Tensor  # stored, or plain [out, in] in the ste
 @dataclass
 class StackLayer:
     """One decoder layer's weights: norms in the step's dtype, the matmuls' weights,
-    q/k/v's bias if any."""
+    q/k/v's bias if any, and Qwen3's per-head q and k norms if any (the fp32 step's)."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -78,6 +80,8 @@ class StackLayer:
     gate_up: Weight
     down: Weight
     qkv_bias: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
 
 
 # The C kinds: csrc/kernels.h for the bf16 step (plain bf16 is 2), csrc/f32/f32.h for
@@ -156,13 +160,20 @@ class DecodeStack:
             if not (_vector(layer.input_norm, hidden, dtype)
                     and _vector(layer.post_norm, hidden, dtype)):
                 raise ValueError(f"expected contiguous {dtype} norm weights of the hidden size")
+            if (layer.q_norm is None) != (layer.k_norm is None) or layer.q_norm is not None and not (
+                    dtype == torch.float32 and _vector(layer.q_norm, head_dim, dtype)
+                    and _vector(layer.k_norm, head_dim, dtype)):
+                raise ValueError("per-head q/k norms: both, fp32 and of the head size (the "
+                                 "bf16 step has none)")
         if not _vector(norm, hidden, dtype):
             raise ValueError(f"expected a contiguous {dtype} final norm weight")
         self._keep = (layers, norm)
         self._layers = (_Layer * len(layers))(*(
             _Layer(w.input_norm.data_ptr(), w.post_norm.data_ptr(), _matmul(w.qkv, w.qkv_bias, dtype),
                    _matmul(w.o, None, dtype), _matmul(w.gate_up, None, dtype),
-                   _matmul(w.down, None, dtype))
+                   _matmul(w.down, None, dtype),
+                   None if w.q_norm is None else w.q_norm.data_ptr(),
+                   None if w.k_norm is None else w.k_norm.data_ptr())
             for w in layers
         ))
         self._model = _Model(len(layers), hidden, heads, kv_heads, head_dim, inter, 0, eps,

@@ -304,8 +304,6 @@ class LlamaForCausalLM(nn.Module):
         linears = [m for name, m in self.linear_layers().items() if name != "lm_head"]
         if not (runs_here(dtype) and all(w.is_cpu and w.is_contiguous() for w in norms)):
             return False
-        if self.layers[0].self_attn.qk_norm:
-            return False  # the C step has no per-head q/k norm (Qwen3): the torch forward
         quantized = all(m.quantized is not None for m in linears)
         if not quantized and not all(m.takes_plain_rows() for m in linears):
             return False
@@ -317,6 +315,8 @@ class LlamaForCausalLM(nn.Module):
                     layer.mlp.gate_up_proj, layer.mlp.down_proj)),
                 None if layer.self_attn.qkv_proj.bias is None
                 else layer.self_attn.qkv_proj.bias.data,
+                *((layer.self_attn.q_norm.weight.data, layer.self_attn.k_norm.weight.data)
+                  if layer.self_attn.qk_norm else ()),
             )
             for layer in self.layers
         ]

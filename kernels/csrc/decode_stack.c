@@ -123,7 +123,8 @@ int decode_stack(const stack_model *m, uint16_t *x, int64_t rows, const uint16_t
     const int64_t token = kv_size, layer_stride = num_blocks * m->block_size * token;
     int64_t in_pad, width;
     stack_widths(m, &in_pad, &width);
-    if (m->layers < 1 || m->layer[0].qkv.out != qkv_out || m->layer[0].gate_up.out != 2 * inter)
+    if (m->layers < 1 || m->layer[0].qkv.out != qkv_out || m->layer[0].gate_up.out != 2 * inter
+        || m->layer[0].q_norm)
         return 2;
     float *xf = aligned_alloc(64, (size_t)quant_act_bytes(rows, in_pad));
     uint16_t *buf = malloc((size_t)(rows * (hidden + width + q_size + q_size + inter)) * 2);

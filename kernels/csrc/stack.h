@@ -17,6 +17,9 @@ typedef struct {
 typedef struct {
     const void *input_norm, *post_norm; /* [hidden] */
     stack_matmul qkv, o, gate_up, down;
+    /* Qwen3's RMSNorm over each q and each k head before RoPE: [head_dim] each, or NULL
+       (the fp32 step only; the bf16 step refuses a model that has them). */
+    const void *q_norm, *k_norm;
 } stack_layer;
 
 typedef struct {

@@ -141,7 +141,7 @@ def test_greedy_generation_matches_transformers_with_cache_on_and_off(smollm2_en
     assert sum(map(len, first)) >= 8 * 30  # the prompts ask for long replies
 
 
-def _parity(path, n_tokens: int, chunks: list[int], tol: float = TOL) -> None:
+def _parity(path, n_tokens: int, chunks: list[int], tol: float = TOL) -> LLMEngine:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -154,6 +154,7 @@ def _parity(path, n_tokens: int, chunks: list[int], tol: float = TOL) -> None:
     engine.reset_prefix_cache()
     _, stepped = our_logits(engine, ids, [n_tokens - 8] + [1] * 8)
     assert (stepped - ref).abs().max().item() < tol
+    return engine
 
 
 def test_qwen3_with_per_head_qk_norm_and_its_own_head_dim_matches_transformers(tmp_path):
@@ -162,7 +163,9 @@ def test_qwen3_with_per_head_qk_norm_and_its_own_head_dim_matches_transformers(t
     from tests.inference.conftest import make_tiny_model
 
     path = make_tiny_model(tmp_path / "qwen3", "qwen3", head_dim=32)
-    _parity(path, 70, [5, 16, 1, 30, 18])
+    engine = _parity(path, 70, [5, 16, 1, 30, 18])
+    # Its decode steps ran in the C step (the q/k norms in it), as every fp32 model's do.
+    assert engine.runner.model.decode_stack is not None
 
 
 def test_llama3_rope_scaling_matches_transformers_past_the_original_context(tmp_path):

@@ -222,6 +222,13 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
 #pragma omp single
             for (int64_t r = 0; r < rows; r++) {
                 float *row = y + r * qkv_out;
+                if (L->q_norm) { /* in place: a head's sum of squares is taken first */
+                    for (int64_t h = 0; h < heads; h++)
+                        rms_norm_row(row + h * hd, L->q_norm, row + h * hd, hd, hd, m->eps);
+                    for (int64_t h = 0; h < kv_heads; h++)
+                        rms_norm_row(row + q_size + h * hd, L->k_norm, row + q_size + h * hd, hd,
+                                     hd, m->eps);
+                }
                 rotate(row, cos + r * hd, sin + r * hd, heads + kv_heads, hd);
                 memcpy(q + r * q_size, row, (size_t)q_size * sizeof(float));
                 if (slots[r] >= 0) {
