@@ -77,6 +77,10 @@ class ChatFormat:
         self.end_of_turn: str = str(meta["end_of_turn"])
         self.filler: str = str(meta["filler"])
         self.bos_token: str = str(meta.get("bos_token", ""))
+        # How tools and calls are written in this format's turns (chatapp.prompts.tools).
+        self.tool_calls: str = str(meta.get("tool_calls", "hermes"))
+        if self.tool_calls not in ("hermes", "llama3"):
+            raise FormatError(f"{where}: tool_calls must be \"hermes\" or \"llama3\"")
         try:
             self._template = sandbox_environment("format").from_string(source)
         except TemplateError as exc:

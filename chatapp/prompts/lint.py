@@ -276,29 +276,35 @@ def _replay_messages(turns: int) -> list[list[dict[str, str]]]:
     return conversations
 
 
-# A tool loop by the convention of chatapp.prompts.tools: the functions in the system
-# message, a call as the assistant's reply, its result as the next user turn.
+# A tool loop by the format's convention (chatapp.prompts.tools): the functions in the
+# system message, a call as the assistant's reply, its result as the next turn.
 _TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 TOOL_REPLAY = (
-    ("What is the weather in Paris?", tools.call_text("get_weather", {"city": "Paris"})),
-    (tools.response_text('{"temperature": 18, "sky": "clear"}'),
-     "It is 18 °C and clear in Paris."),
-    ("And in Tokyo?", tools.call_text("get_weather", {"city": "Tokyo"})),
-    (tools.response_text('{"temperature": 9}'), "9 °C in Tokyo."),
+    ("What is the weather in Paris?", ("get_weather", {"city": "Paris"})),
+    ('{"temperature": 18, "sky": "clear"}', "It is 18 °C and clear in Paris."),
+    ("And in Tokyo?", ("get_weather", {"city": "Tokyo"})),
+    ('{"temperature": 9}', "9 °C in Tokyo."),
 )
 
 
-def _tool_replay_messages() -> tuple[list[list[dict[str, str]]], list[str]]:
-    """The message lists of the tool loop at each user turn, and the replies."""
-    conversations = []
-    system = tools.system_with_tools("You are a helpful assistant.", [_TOOL])
+def _tool_replay_messages(fmt: ChatFormat) -> tuple[list[list[dict[str, str]]], list[str]]:
+    """The message lists of the tool loop at each turn the model answers, and its replies
+    (a call, written as the format's convention writes one, or text)."""
+    convention = tools.convention_for(fmt)
+    conversations, replies = [], []
+    system = convention.system_with_tools("You are a helpful assistant.", [_TOOL])
     messages = [{"role": "system", "content": system}]
-    for user, reply in TOOL_REPLAY:
-        messages = [*messages, {"role": "user", "content": user}]
+    for i, (said, reply) in enumerate(TOOL_REPLAY):
+        # Odd turns carry the previous call's result, in the convention's role.
+        turn = ({"role": "user", "content": said} if i % 2 == 0 else
+                {"role": convention.result_role, "content": convention.response_text(said)})
+        messages = [*messages, turn]
         conversations.append(messages)
-        messages = [*messages, {"role": "assistant", "content": reply}]
-    return conversations, [reply for _, reply in TOOL_REPLAY]
+        text = convention.call_text(*reply) if isinstance(reply, tuple) else reply
+        replies.append(text)
+        messages = [*messages, {"role": "assistant", "content": text}]
+    return conversations, replies
 
 
 def _history_problem(fmt: ChatFormat, encoder: TokenEncoder,
@@ -359,7 +365,7 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
     # The same for a tool loop (tools listed, calls made, results returned).
     try:
         problem = _history_problem(fmt, encoder, conversations, REPLAY_REPLIES, "")
-        problem = problem or _history_problem(fmt, encoder, *_tool_replay_messages(),
+        problem = problem or _history_problem(fmt, encoder, *_tool_replay_messages(fmt),
                                               " in a tool loop")
     except PromptError as exc:
         result.add("render", str(exc))

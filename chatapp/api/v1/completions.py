@@ -68,6 +68,8 @@ class Prepared:
     stop_token_ids: list[int] = field(default_factory=list)
     # Ids the prompt ends with that belong to the reply (a forced call's opening tag).
     forced_ids: list[int] = field(default_factory=list)
+    # How the chat format writes tools and calls (chatapp.prompts.tools).
+    convention: tools_convention.Hermes = tools_convention.HERMES
 
     @property
     def token_ids(self) -> list[int]:
@@ -79,10 +81,10 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
     builder = builder_for(tokenizer)
     tenant = tenant_of(key)
     salt = request_salt(key, req.cache_salt)
-    turns = req.turns
+    convention = tools_convention.convention_for(builder.chat_format)
     # A turn that made tool calls is remembered by its calls' ids: its arguments may come
     # back re-serialised, its text then differing from what the model wrote.
-    keys = req.remember_keys
+    turns, keys = req.turns(convention)
     remembered: dict[str, list[int]] | None = None
 
     def lookup(text: str) -> list[int] | None:
@@ -97,10 +99,14 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
         plan = builder.build_from_turns(turns, assistant_ids_lookup=lookup, cache_salt=salt)
     except PromptError as exc:
         raise invalid(sentence(str(exc), "Invalid messages."), "messages", "invalid_value") from None
-    if req.json_schema is not None:
-        check_schema(req.json_schema)
-    # A forced call starts with its opening tag, in the prompt; the grammar takes its JSON.
-    forced = call_opening_ids(tokenizer) if req.tools is not None and req.tools.forced else []
+    # A forced call starts with its opening (a tag), in the prompt; the grammar takes its
+    # JSON, written as the convention writes a call.
+    schema, forced = req.json_schema, []
+    if req.tools is not None and req.tools.forced:
+        schema = req.tools.call_schema(convention)
+        forced = tokenizer.encode(convention.opening, add_special_tokens=False)
+    if schema is not None:
+        check_schema(schema)
     job = Job(
         prompt_ids=tuple(plan.token_ids) + tuple(forced),
         cache_salt=salt,
@@ -113,17 +119,13 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
             seed=req.seed,
             stop=tuple(req.stop),
             logprobs=req.top_logprobs if req.logprobs else None,
-            json_schema=req.json_schema,
+            json_schema=schema,
         ),
         affinity=router.conversation_key(cache_salt=salt, plan=plan),
     )
     # The ids the engine stops on (chatapp.generation.requests), the EOS included.
     return Prepared(job=job, tenant=tenant, stop_token_ids=stop_token_ids(tokenizer),
-                    forced_ids=list(forced))
-
-
-def call_opening_ids(tokenizer) -> list[int]:
-    return tokenizer.encode(tools_convention.CALL_OPEN + "\n", add_special_tokens=False)
+                    forced_ids=list(forced), convention=convention)
 
 
 def check_schema(schema: str) -> None:
@@ -203,10 +205,11 @@ class Completion:
         if tools is None or not tools.active or choice.engine_reason is None:
             return None
         if choice.index not in self._calls:
+            convention = self.prepared.convention
             text = choice.text
-            if tools.forced:  # the opening tag was the prompt's; the grammar ended the JSON
-                text = f"{tools_convention.CALL_OPEN}\n{text.strip()}\n{tools_convention.CALL_CLOSE}"
-            content, parsed = tools_convention.parse_calls(text, tools.names)
+            if tools.forced:  # the opening was the prompt's; the grammar ended the JSON
+                text = convention.forced_text(text)
+            content, parsed = convention.parse_calls(text, tools.names)
             if not tools.parallel:
                 parsed = parsed[:1]
             self._calls[choice.index] = (content or None, [
@@ -227,7 +230,7 @@ class Completion:
             return ""
         sent = self._sent.get(choice.index, 0)
         upto = len(choice.text) if out.finished and not self.tool_calls(choice) else (
-            tools_convention.held_back(choice.text))
+            self.prepared.convention.held_back(choice.text))
         self._sent[choice.index] = max(sent, upto)
         return choice.text[sent:upto]
 

@@ -58,17 +58,13 @@ class CompletionRequest:
     json_schema: str | None = None
     tools: ToolRequest | None = None
 
-    @property
-    def turns(self) -> list[tuple[str, str]]:
-        """The messages as (role, text), parts joined, "developer" as "system", tools and
-        tool calls and results by the prompt manager's convention (chatapp.prompts.tools)."""
-        return prompt_turns(self.messages, self.tools)[0]
-
-    @property
-    def remember_keys(self) -> dict[str, str]:
-        """{an assistant turn's text: the key its ids are remembered by}, for turns that
-        made tool calls (their arguments may come back re-serialised)."""
-        return prompt_turns(self.messages, self.tools)[1]
+    def turns(self, convention) -> tuple[list[tuple[str, str]], dict[str, str]]:
+        """The messages as (role, text), parts joined, "developer" as "system", tools,
+        calls and results as the chat format's tool `convention` writes them
+        (chatapp.prompts.tools); and {an assistant turn's text: the key its ids are
+        remembered by}, for turns that made tool calls (their arguments may come back
+        re-serialised)."""
+        return prompt_turns(self.messages, self.tools, convention)
 
 
 def check_content_type(content_type: str | None) -> None:
@@ -232,14 +228,13 @@ def parse_completion_request(data: dict) -> CompletionRequest:
 
 def _structure(data: dict) -> dict:
     """response_format and tools: a forced tool call (required, or a named function) is
-    generated under its call's schema, so it cannot be combined with another format."""
+    generated under its call's schema (chatapp.api.v1.completions.prepare), so it cannot
+    be combined with another format."""
     schema = _response_format(data.get("response_format"))
     tools = parse_tools(data)
-    if tools is not None and tools.forced:
-        if schema is not None:
-            raise invalid("'response_format' cannot be combined with a required or named "
-                          "tool_choice.", "response_format", "invalid_value")
-        schema = tools.call_schema()
+    if tools is not None and tools.forced and schema is not None:
+        raise invalid("'response_format' cannot be combined with a required or named "
+                      "tool_choice.", "response_format", "invalid_value")
     return {"json_schema": schema, "tools": tools}
 
 

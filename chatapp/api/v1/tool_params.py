@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from chatapp.api.errors import OpenAIError, invalid
 from chatapp.echo import quoted
-from chatapp.prompts import tools as convention
+from chatapp.prompts import tools as convention_module
 from chatapp.prompts.services import normalise_message
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
@@ -42,16 +42,16 @@ class ToolRequest:
         """A call must come (required, or named): its JSON is constrained by a grammar."""
         return self.active and self.choice in ("required", "named")
 
-    def call_schema(self) -> str:
-        """The JSON Schema of the one call a forced choice produces: a function's name and
-        arguments matching that function's parameters."""
+    def call_schema(self, convention: convention_module.Hermes) -> str:
+        """The JSON Schema of the one call a forced choice produces, as `convention`
+        writes it: a function's name and arguments matching that function's parameters."""
         options = [t["function"] for t in self.tools
                    if self.choice == "required" or t["function"]["name"] == self.name]
         variants = [{
             "type": "object",
             "properties": {"name": {"const": f["name"]},
-                           "arguments": f.get("parameters") or {"type": "object"}},
-            "required": ["name", "arguments"], "additionalProperties": False,
+                           convention.arguments_key: f.get("parameters") or {"type": "object"}},
+            "required": ["name", convention.arguments_key], "additionalProperties": False,
         } for f in options]
         return json.dumps(variants[0] if len(variants) == 1 else {"anyOf": variants})
 
@@ -145,16 +145,18 @@ def calls_key(call_ids: list[str]) -> str:
     return "\x00tool_calls:" + "\x00".join(call_ids)
 
 
-def prompt_turns(messages: list[dict], tools: ToolRequest | None
+def prompt_turns(messages: list[dict], tools: ToolRequest | None,
+                 convention: convention_module.Hermes = convention_module.HERMES,
                  ) -> tuple[list[tuple[str, str]], dict[str, str]]:
-    """(the (role, text) turns for the prompt builder, {an assistant turn's text: the key
-    its generated ids are remembered by} for turns that made tool calls)."""
+    """(the (role, text) turns for the prompt builder, tools, calls and results written
+    by the chat format's `convention`, {an assistant turn's text: the key its generated
+    ids are remembered by} for turns that made tool calls)."""
     turns: list[tuple[str, str]] = []
     keys: dict[str, str] = {}
     for i, msg in enumerate(messages):
         if msg.get("role") == "tool":
             _, content = normalise_message({"role": "user", "content": msg.get("content")}, i)
-            turns.append(("user", convention.response_text(content)))
+            turns.append((convention.result_role, convention.response_text(content)))
             continue
         if msg.get("tool_calls"):
             _, content = normalise_message({**msg, "tool_calls": None}, i)

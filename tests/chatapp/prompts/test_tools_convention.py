@@ -30,3 +30,36 @@ def test_streaming_holds_back_from_a_possible_opening_tag():
     assert tools.held_back("Hello <tool") == len("Hello ")
     assert tools.held_back("Hi <tool_call>\n{") == len("Hi ")
     assert tools.held_back("a < b") == len("a < b")
+
+
+def test_each_shipped_format_names_its_convention():
+    from chatapp.prompts.formats import get_format
+
+    assert tools.convention_for(get_format("chatml")).name == "hermes"
+    assert tools.convention_for(get_format("llama3")).name == "llama3"
+
+
+def test_llama3_calls_are_the_whole_reply_in_json_with_parameters():
+    llama = tools.CONVENTIONS["llama3"]
+    text = llama.call_text("get_weather", {"city": "Paris"})
+    assert text == '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+    assert llama.parse_calls(text, ["get_weather"]) == (
+        "", [tools.ParsedCall("get_weather", {"city": "Paris"})])
+    assert llama.parse_calls("<|python_tag|>" + text, ["get_weather"])[1]
+    assert llama.parse_calls("It is sunny.", ["get_weather"]) == ("It is sunny.", [])
+    # A reply that starts as JSON is held back while it streams; prose is not.
+    assert llama.held_back('{"name": "get_') == 0 and llama.held_back("Sunny") == 5
+    assert llama.result_role == "ipython" and llama.opening == ""
+
+
+def test_a_forced_call_s_schema_uses_the_convention_s_key():
+    import json
+
+    from chatapp.api.v1.tool_params import parse_tools
+
+    fn = {"type": "object", "properties": {"city": {"type": "string"}}}
+    request = parse_tools({"tools": [{"type": "function", "function": {
+        "name": "f", "parameters": fn}}], "tool_choice": "required"})
+    for name, key in (("hermes", "arguments"), ("llama3", "parameters")):
+        schema = json.loads(request.call_schema(tools.CONVENTIONS[name]))
+        assert schema["properties"][key] == fn and schema["required"] == ["name", key]
