@@ -109,10 +109,25 @@ class Message(models.Model):
     def __str__(self) -> str:
         return f"{self.role} #{self.pk} ({self.status})"
 
+    REQUEST_ID_PREFIX = "msg-"
+
+    @classmethod
+    def request_id_for(cls, pk: int) -> str:
+        """The engine request id of reply `pk`; stop aborts it by this name."""
+        return f"{cls.REQUEST_ID_PREFIX}{pk}"
+
+    @classmethod
+    def pk_from_request_id(cls, request_id: str) -> int | None:
+        """The reply an engine request id names; None for a request no reply made."""
+        digits = (request_id or "").removeprefix(cls.REQUEST_ID_PREFIX)
+        if digits == request_id or not digits.isdigit():
+            return None
+        return int(digits)
+
     @property
     def request_id(self) -> str:
         """The engine request id of this reply; stop aborts it by this name."""
-        return f"msg-{self.pk}"
+        return self.request_id_for(self.pk)
 
     @property
     def is_active(self) -> bool:

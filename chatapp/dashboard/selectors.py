@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -24,7 +23,6 @@ log = logging.getLogger(__name__)
 
 RECENT_ROWS = 20
 PROFILE_PROMPTS = 8
-REQUEST_ID_RE = re.compile(r"^msg-(\d+)$")
 
 
 @dataclass
@@ -144,7 +142,7 @@ def receipt_text(receipt: dict | None) -> str:
 
 
 def _replies_by_request_id(request_ids: list[str]) -> dict[str, Message]:
-    pks = [int(m.group(1)) for rid in request_ids if (m := REQUEST_ID_RE.match(rid or ""))]
+    pks = [pk for rid in request_ids if (pk := Message.pk_from_request_id(rid)) is not None]
     replies = Message.objects.filter(pk__in=pks).select_related("conversation", "parent__parent")
     return {r.request_id: r for r in replies}
 

@@ -90,7 +90,7 @@ def stop_reply(reply_id: int) -> bool:
     _stop_requested.add(reply_id)
     engine = loaded_engine()
     if engine is not None:
-        engine.abort(f"msg-{reply_id}")
+        engine.abort(Message.request_id_for(reply_id))
     return True
 
 

@@ -159,3 +159,12 @@ def test_after_a_failed_reply_a_new_message_branches_beside_the_failed_turn(alic
     lifecycle.reply_finish(reply=r2, status=Message.Status.ERROR, error="boom")
     u3, _ = services.message_send(conversation=conv, content="two, again", parent_id=r2.pk)
     assert u3.parent_id == r1.pk and u2.parent_id == r1.pk
+
+
+def test_a_replys_engine_request_id_is_spelled_by_the_model_alone(alice):
+    conv = services.conversation_create(owner=alice)
+    _, reply = services.message_send(conversation=conv, content="hi")
+    assert reply.request_id == Message.request_id_for(reply.pk)
+    assert Message.pk_from_request_id(reply.request_id) == reply.pk
+    for other in ("gen-0a1b", "msg-", "msg-x1", "", "chatcmpl-7"):
+        assert Message.pk_from_request_id(other) is None
