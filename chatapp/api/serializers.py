@@ -9,7 +9,7 @@ from rest_framework import serializers
 from chatapp.chat.errors import InvalidInput
 from chatapp.chat.models import Conversation, Message
 from chatapp.chat.serializers import usage_dict
-from chatapp.chat.services import validate_user_text
+from chatapp.chat.services import validate_title, validate_user_text
 
 
 class StrictCharField(serializers.CharField):
@@ -35,6 +35,24 @@ class UserTextField(serializers.Field):
 
     def to_representation(self, value: str) -> str:
         return value
+
+
+class TitleField(StrictCharField):
+    """A conversation's title. The rule has one owner, chatapp.chat.services.validate_title,
+    which the chat page applies too: this field defers to it (its max_length only
+    documents the limit in the schema)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_length=Conversation.TITLE_MAX_CHARS, **kwargs)
+
+    def run_validation(self, data=serializers.empty):
+        is_empty, data = self.validate_empty_values(data)
+        if is_empty:
+            return data
+        try:
+            return validate_title(data, allow_blank=self.allow_blank)
+        except InvalidInput as exc:
+            raise serializers.ValidationError(exc.message, code=exc.code) from None
 
 
 MAX_VARIABLES = 64
@@ -97,7 +115,7 @@ class ConversationSerializer(serializers.ModelSerializer):
 
 
 class ConversationCreateSerializer(serializers.Serializer):
-    title = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    title = TitleField(required=False, allow_blank=True, default="")
     preset_id = StrictCharField(max_length=64, required=False, allow_null=True, default=None)
     preset_version = StrictCharField(
         max_length=64, required=False, allow_null=True, default=None
@@ -111,7 +129,7 @@ class ConversationCreateSerializer(serializers.Serializer):
 
 
 class ConversationRenameSerializer(serializers.Serializer):
-    title = StrictCharField(max_length=200)
+    title = TitleField()
 
 
 class ConversationFilterSerializer(serializers.Serializer):

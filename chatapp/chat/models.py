@@ -16,7 +16,9 @@ class Conversation(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
     )
-    title = models.CharField(max_length=200, blank=True, default="")
+    # The title rule's one owner is chatapp.chat.services.validate_title; this is its limit.
+    TITLE_MAX_CHARS = 200
+    title = models.CharField(max_length=TITLE_MAX_CHARS, blank=True, default="")
     preset_id = models.CharField(max_length=100)
     # A preset that changes becomes a new version; the conversation keeps the one
     # it started with so its system segment (and its cached blocks) never change.

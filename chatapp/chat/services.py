@@ -35,6 +35,26 @@ def validate_user_text(content: object) -> str:
 _TEXT_CODES = {EmptyMessage: "empty_message", MessageTooLong: "message_too_long"}
 
 
+def validate_title(title: object, *, allow_blank: bool = False) -> str:
+    """A conversation's title, stripped, or InvalidInput with a message fit to show: text,
+    at most Conversation.TITLE_MAX_CHARS characters, no NUL or lone surrogate, not blank
+    unless `allow_blank`. The rule's one owner: the chat page and the conversations API
+    both defer to it."""
+    if not isinstance(title, str | None):
+        raise InvalidInput("Title must be text.", code="invalid")
+    title = (title or "").strip()
+    if not title and not allow_blank:
+        raise InvalidInput("Title is empty.", code="blank")
+    limit = Conversation.TITLE_MAX_CHARS
+    if len(title) > limit:
+        raise InvalidInput(f"Title is at most {limit} characters (this one has {len(title)}).",
+                           code="max_length")
+    try:
+        return check_text(title, "the title")
+    except PromptError as exc:
+        raise InvalidInput(sentence(str(exc)), code="invalid_value") from None
+
+
 def _check_variables(variables: dict | None) -> dict:
     """Preset variables end up in the prompt: the same text rules as a message."""
     for name, value in (variables or {}).items():
@@ -60,7 +80,7 @@ def conversation_create(
         raise InvalidInput(str(exc), code="unknown_preset") from exc
     return Conversation.objects.create(
         owner=owner,
-        title=title.strip()[:200],
+        title=validate_title(title, allow_blank=True),
         preset_id=preset.id,
         preset_version=preset.version,
         preset_variables=_check_variables(variables),
@@ -68,9 +88,7 @@ def conversation_create(
 
 
 def conversation_rename(*, conversation: Conversation, title: object) -> Conversation:
-    if not isinstance(title, str) or not title.strip():
-        raise InvalidInput("Title is empty.")
-    conversation.title = title.strip()[:200]
+    conversation.title = validate_title(title)
     conversation.save(update_fields=["title", "updated_at"])
     return conversation
 

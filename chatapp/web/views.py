@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, NotFound
+from chatapp.chat.models import Conversation
 from chatapp.chat.serializers import conversation_dict, message_dict
 from chatapp.generation import orphans, replies
 from chatapp.prompts import catalog
@@ -51,6 +52,7 @@ def _page(request: HttpRequest, conversation=None) -> HttpResponse:
         "selected_preset": conversation.preset_id if conversation else catalog.default_preset_id(),
         "conversation": conversation,
         "max_chars": settings.MAX_USER_MESSAGE_CHARS,
+        "title_max_chars": Conversation.TITLE_MAX_CHARS,
     }
     if conversation is not None:
         context["initial"] = _tree(conversation)

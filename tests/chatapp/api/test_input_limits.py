@@ -19,6 +19,7 @@ from chatapp.api.serializers import MessageCreateSerializer
 from chatapp.api.v1.unsupported import UNSUPPORTED
 from chatapp.body_timeout import BodyTimeoutMiddleware
 from chatapp.chat import services as chat_services
+from chatapp.chat.errors import InvalidInput
 from tests.chatapp.api.conftest import MODEL
 
 pytestmark = pytest.mark.django_db
@@ -198,6 +199,38 @@ def test_the_conversations_api_defers_to_the_message_rule(settings):
     assert "limit is 100" in str(body.errors["content"][0])
     for bad in ("   ", 5, None, "a\x00b"):
         assert not MessageCreateSerializer(data={"content": bad}).is_valid(), bad
+
+
+# --- the title rule has one owner ---------------------------------------------------------
+
+
+def test_the_api_and_the_page_refuse_a_long_title_with_the_same_message(client, auth, user,
+                                                                        conversation):
+    title = "t" * 201
+    message = "Title is at most 200 characters (this one has 201)."
+    for response in (
+        client.post("/api/conversations/", {"title": title}, "application/json", headers=auth),
+        client.patch(f"/api/conversations/{conversation.pk}/", {"title": title},
+                     "application/json", headers=auth),
+    ):
+        assert response.status_code == 400, response.content[:500]
+        assert response.json()["errors"]["title"] == [message]
+    client.force_login(user)
+    page = client.post(f"/c/{conversation.pk}/rename/", {"title": title})
+    assert page.status_code == 400 and message in page.content.decode()
+    conversation.refresh_from_db()
+    assert conversation.title == ""
+    for bad in ("a\x00b", "a\ud800b"):
+        response = client.post("/api/conversations/", json.dumps({"title": bad}),
+                               "application/json", headers=auth)
+        assert response.status_code == 400
+        with pytest.raises(InvalidInput) as refused:
+            chat_services.conversation_rename(conversation=conversation, title=bad)
+        assert response.json()["errors"]["title"] == [refused.value.message]
+    # 200 characters pass everywhere, stripped.
+    renamed = client.patch(f"/api/conversations/{conversation.pk}/", {"title": f" {'t' * 200} "},
+                           "application/json", headers=auth)
+    assert renamed.status_code == 200 and renamed.json()["title"] == "t" * 200
 
 
 # --- a body that never arrives -------------------------------------------------------------
