@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from inference.config import EngineConfig
-from inference.llm_engine import LLMEngine
+from inference.llm_engine import LLMEngine, check_request_id_free
 from inference.outputs import RequestOutput
 from inference.sampling_params import InvalidRequestError, SamplingParams
 
@@ -100,8 +100,7 @@ class AsyncEngine:
         """
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
-        if request_id in self._streams:
-            raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
+        check_request_id_free(request_id, self._streams)  # before its stream replaces one
         if params.json_schema is not None and params.grammar is None:
             # Compiled here, on a thread of its own, before the request reaches the step
             # thread: a new schema's compile never holds up the running requests' steps.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Container
 from collections.abc import Sequence as Seq
 
 from inference.config import EngineConfig
@@ -43,6 +44,14 @@ def _reason_label(seq: Sequence) -> str | None:
     if seq.cross_tenant_miss:
         return SALT
     return f"{record.reason}_{record.evicted_from}" if record.evicted_from else record.reason
+
+
+def check_request_id_free(request_id: str, running: Container[str]) -> None:
+    """The rule for request ids, owned here: an id that is running may not be used again
+    (its outputs and its abort would reach the wrong caller). LLMEngine applies it to its
+    requests; AsyncEngine to its streams, which also hold ids queued but not yet added."""
+    if request_id in running:
+        raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
 
 
 class LLMEngine:
@@ -120,8 +129,7 @@ class LLMEngine:
             )
         if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in prompt_token_ids):
             raise InvalidRequestError(f"token ids must lie in [0, {self.vocab_size})", "prompt")
-        if request_id in self.requests:
-            raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
+        check_request_id_free(request_id, self.requests)
 
     def compile_grammar(self, params: SamplingParams) -> None:
         """Compile params.json_schema into params.grammar (cached per schema; a few ms, or

@@ -272,6 +272,32 @@ def test_async_engine_checks_requests_on_its_step_thread_only(make_engine, monke
     assert checked_on and set(checked_on) == {"engine-step"}
 
 
+def test_a_running_request_id_is_refused_by_either_engine_in_one_wording(make_engine):
+    llm = make_engine()
+    params = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True)
+    llm.add_request("twice", rand_ids(20, 4), params)
+    with pytest.raises(InvalidRequestError) as sync_refusal:
+        llm.add_request("twice", rand_ids(20, 5), params)
+    llm.abort("twice")
+    run_all(llm)
+    engine = AsyncEngine(engine=llm)
+
+    async def scenario():
+        first = engine.generate(rand_ids(20, 6), params, request_id="twice")
+        await anext(first)
+        with pytest.raises(InvalidRequestError) as async_refusal:
+            await anext(engine.generate(rand_ids(20, 7), params, request_id="twice"))
+        await first.aclose()
+        return async_refusal.value
+
+    try:
+        async_refusal = asyncio.run(scenario())
+    finally:
+        engine.shutdown()
+    assert str(async_refusal) == str(sync_refusal.value) == "request id 'twice' is already running"
+    assert async_refusal.param == sync_refusal.value.param == "request_id"
+
+
 def run_all(engine) -> list:
     outs = []
     while engine.has_unfinished_requests():
