@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # One image for every PrefixChat process: the web server (daphne), Celery workers,
-# Flower and the one-shot setup job. See "Deployment (docker compose)" in README.md.
+# Flower and the one-shot setup job. See docs/deployment.md.
 #
 #   docker build -t prefixchat .                                   # CPU build of torch
 #   docker build -t prefixchat:cuda \

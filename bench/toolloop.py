@@ -11,7 +11,7 @@ reports the prompt, the cached tokens and the share of the cacheable prefix (the
 turn's prompt and completion, in whole 16-token blocks, less one block) that the cache
 served, and the completion's time per output token. A server that re-rendered the
 re-serialised arguments would miss from the first call on; ours splices back the ids
-it generated (README, "Tools"). Then, in this process, the grammar mask's cost per
+it generated (docs/api.md, "Tools"). Then, in this process, the grammar mask's cost per
 decode token at batch 1 and 16 on the default model (`python -m bench grammar`, one
 round), since each of these calls was generated under one.
 """

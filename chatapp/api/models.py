@@ -1,6 +1,6 @@
 """API keys and the per-tenant memory of generated reply ids.
 
-A key is stored as its prefix and a SHA-256 of the whole key (README, "REST API"): keys
+A key is stored as its prefix and a SHA-256 of the whole key (docs/api.md, "API keys"): keys
 carry 32 random bytes, so a plain hash is enough, nothing to brute-force as passwords.
 """
 

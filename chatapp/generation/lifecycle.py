@@ -47,8 +47,8 @@ class Claim:
 def reply_claim(*, reply_id: int, holder: str, reclaim_own: bool = False) -> tuple[str, str]:
     """Take reply `reply_id` for generation by `holder` (a worker); returns (Claim, lease).
 
-    The row lock makes one of several deliveries of a task win (README, "Workers",
-    Reliability). `reclaim_own`: the holder runs one task at a time, so a reply it holds
+    The row lock makes one of several deliveries of a task win (docs/deployment.md,
+    "Reliability and crash recovery"). `reclaim_own`: the holder runs one task at a time, so a reply it holds
     already lost its generation with its process (a killed pool child).
     """
     reply = (

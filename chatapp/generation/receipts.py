@@ -1,5 +1,5 @@
-"""A reply's cache receipt (its reasons: README, "Run the service"): the engine's record
-of where the prompt's prefix-cache match ended, plus what only the chat knows, the
+"""A reply's cache receipt (its reasons: docs/chat.md, "Cache receipts"): the engine's
+record of where the prompt's prefix-cache match ended, plus what only the chat knows, the
 previous turn. A prompt that does not extend the previous turn's prompt and reply (an
 edit, a regenerated earlier turn) "diverged" where they differ.
 """

@@ -1,5 +1,5 @@
 """Cache-affinity routing: send a turn to the worker whose engine holds its prefix, since
-each worker's prefix cache is its own (the rule: README, "Workers", Routing).
+each worker's prefix cache is its own (the rule: docs/deployment.md, "Routing").
 
 A stateless /v1 conversation has no row: its turns are known by the tenant's salt and
 the prompt up to the end of its first non-system message (conversation_key), and the

@@ -1,6 +1,7 @@
 """Chat completions: an OpenAI-style request through the chat's block-aligned prompt path
 to a generation (chatapp.generation.requests), here or on a worker, and back as OpenAI
-bodies, under the key's tenant salt (README, "REST API": remembered reply ids).
+bodies, under the key's tenant salt (remembered reply ids: docs/api.md, "Getting
+prefix-cache hits").
 """
 
 from __future__ import annotations
