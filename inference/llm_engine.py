@@ -20,7 +20,7 @@ from inference.miss_reason import SALT
 from inference.model_runner import ModelRunner
 from inference.outputs import RequestOutput
 from inference.sampler import sample, token_logprobs
-from inference.sampling_params import InvalidRequestError, SamplingParams
+from inference.sampling_params import InvalidRequestError, SamplingParams, check_context_length
 from inference.scheduler import Scheduler
 from inference.sequence import Sequence
 
@@ -120,13 +120,7 @@ class LLMEngine:
         params.validate()
         if not prompt_token_ids:
             raise InvalidRequestError("the prompt is empty", "prompt")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt_token_ids)} tokens; this model's context holds "
-                f"{self.max_model_len} including at least one generated token",
-                "messages",
-                code="context_length_exceeded",
-            )
+        check_context_length(len(prompt_token_ids), self.max_model_len)
         if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in prompt_token_ids):
             raise InvalidRequestError(f"token ids must lie in [0, {self.vocab_size})", "prompt")
         check_request_id_free(request_id, self.requests)

@@ -14,6 +14,31 @@ class InvalidRequestError(ValueError):
         self.code = code
 
 
+def check_context_length(prompt_tokens: int, max_model_len: int,
+                         max_tokens: int | None = None) -> None:
+    """The context rule and its wording (OpenAI's), owned here: the prompt leaves room for
+    at least one generated token, and for `max_tokens` of them when a caller asked for
+    that many. LLMEngine.validate applies the first part to every request; a caller that
+    knows an explicit max_tokens (chatapp.generation.requests) applies both."""
+    if prompt_tokens >= max_model_len:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"messages resulted in {prompt_tokens} tokens, which leaves no room for a reply. "
+            "Please reduce the length of the messages.",
+            "messages",
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and prompt_tokens + max_tokens > max_model_len:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            "messages",
+            code="context_length_exceeded",
+        )
+
+
 MAX_LOGPROBS = 20
 
 

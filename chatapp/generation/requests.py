@@ -62,25 +62,20 @@ def stop_token_ids(tokenizer) -> list[int]:
 
 
 def sampling_params(job: Job, *, max_model_len: int, tokenizer):
-    """The engine's parameters for `job`; InvalidRequestError when an explicit
-    max_tokens does not fit the context (a prompt alone over it, the engine refuses)."""
-    from inference import InvalidRequestError, SamplingParams
+    """The engine's parameters for `job`; InvalidRequestError when the prompt, with an
+    explicit max_tokens, does not fit the context (the rule is the engine's:
+    inference.sampling_params.check_context_length). Without one, max_tokens is
+    default_max_tokens cut to the room the prompt leaves."""
+    from inference import SamplingParams
+    from inference.sampling_params import check_context_length
 
     opts = job.options
     prompt = len(job.prompt_ids)
-    room = max_model_len - prompt
     if opts.max_tokens is None:
-        max_tokens = max(1, min(opts.default_max_tokens, room))
+        max_tokens = max(1, min(opts.default_max_tokens, max_model_len - prompt))
     else:
         max_tokens = opts.max_tokens
-        if room > 0 and max_tokens > room:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {max_model_len} tokens. However, you "
-                f"requested {prompt + max_tokens} tokens ({prompt} in the messages, {max_tokens} "
-                "in the completion). Please reduce the length of the messages or completion.",
-                "messages",
-                code="context_length_exceeded",
-            )
+        check_context_length(prompt, max_model_len, max_tokens)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=opts.temperature,

@@ -28,7 +28,6 @@ from typing import Any
 
 from chatapp.prompts.encoding import TokenEncoder, check_text
 from chatapp.prompts.errors import (
-    ContextLengthExceeded,
     EmptyMessage,
     FormatError,
     InvalidMessages,
@@ -39,7 +38,6 @@ from chatapp.prompts.formats import format_for_tokenizer
 from chatapp.prompts.presets import get_preset, setting
 
 __all__ = [
-    "ContextLengthExceeded",
     "EmptyMessage",
     "MessageTooLong",
     "PromptBuilder",
@@ -309,8 +307,6 @@ class PromptBuilder:
         system_ids: Sequence[int],
         history_segments: Sequence[Sequence[int]],
         new_user_text: str,
-        max_model_len: int | None = None,
-        max_new_tokens: int = 0,
         *,
         preset_id: str | None = None,
         preset_version: str | None = None,
@@ -319,8 +315,9 @@ class PromptBuilder:
         """The prompt for the reply to `new_user_text`.
 
         `system_ids` comes from system_segment(); `history_segments` are the stored
-        segments of the earlier messages, oldest first. Raises ContextLengthExceeded
-        when the prompt plus max_new_tokens does not fit max_model_len.
+        segments of the earlier messages, oldest first. The whole history is kept (never
+        shortened): whether it fits the context is the engine's rule, checked against the
+        engine that runs it (inference.sampling_params.check_context_length).
         """
         system = self._check_ids(system_ids, "system segment")
         history = [
@@ -335,7 +332,7 @@ class PromptBuilder:
         pieces = [("system", system)] + [("history", seg) for seg in history]
         pieces += [("user", user), ("generation_prompt", self._generation_prompt)]
         preset = (preset_id, preset_version)
-        return self._plan(pieces, preset, max_model_len, max_new_tokens, cache_salt)
+        return self._plan(pieces, preset, cache_salt)
 
     def build_from_messages(self, messages: Sequence[Mapping], **options: Any) -> PromptPlan:
         """build_from_turns for OpenAI-style messages, each read by normalise_message."""
@@ -346,8 +343,6 @@ class PromptBuilder:
         self,
         turns: Sequence[tuple[str, str]],
         *,
-        max_model_len: int | None = None,
-        max_new_tokens: int = 0,
         assistant_ids_lookup: Callable[[str], Sequence[int] | None] | None = None,
         add_generation_prompt: bool = True,
         cache_salt: str | None = None,
@@ -382,7 +377,7 @@ class PromptBuilder:
             pieces.append(("user" if new_user else "history", seg))
         if add_generation_prompt:
             pieces.append(("generation_prompt", self._generation_prompt))
-        return self._plan(pieces, (None, None), max_model_len, max_new_tokens, cache_salt)
+        return self._plan(pieces, (None, None), cache_salt)
 
     def _assistant_from_api(self, text: str, lookup, opening: bool) -> list[int]:
         if lookup is not None:
@@ -399,8 +394,6 @@ class PromptBuilder:
         self,
         pieces: list[tuple[str, Sequence[int]]],
         preset: tuple[str | None, str | None],
-        max_model_len: int | None,
-        max_new_tokens: int,
         cache_salt: str | None,
     ) -> PromptPlan:
         """The plan of `pieces`, (kind, ids) in order, with "system" and "user" at most once."""
@@ -410,10 +403,6 @@ class PromptBuilder:
             if seg or kind != "system":
                 segments.append(Segment(kind, len(ids), len(ids) + len(seg)))
                 ids.extend(seg)
-        if max_new_tokens < 0:
-            raise PromptError("max_new_tokens must be >= 0")
-        if max_model_len is not None and len(ids) + max_new_tokens > max_model_len:
-            raise ContextLengthExceeded(len(ids), max_new_tokens, max_model_len)
         by_kind = dict(pieces)
         shared = len(by_kind.get("system", ())) // self.block_size * self.block_size
         return PromptPlan(

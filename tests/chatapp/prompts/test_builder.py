@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 
 from chatapp.prompts.errors import (
-    ContextLengthExceeded,
     EmptyMessage,
     InvalidMessages,
     MessageTooLong,
@@ -37,23 +36,15 @@ def test_over_limit_user_message_is_refused(tokenizer, settings):
     assert issubclass(MessageTooLong, ValueError)
 
 
-def test_over_context_conversation_gets_a_clear_error(builder):
+def test_a_long_history_is_never_shortened(builder):
+    # Whether it fits is the engine's rule (inference.sampling_params.check_context_length,
+    # tests/chatapp/generation/test_context_rule.py): the builder keeps every segment.
     system = builder.system_segment("general")
-    plan = builder.build(system, [], "Hello")
-    n = plan.prompt_tokens
-    assert (
-        builder.build(system, [], "Hello", max_model_len=n + 10, max_new_tokens=10).token_ids
-        == plan.token_ids
-    )
-    with pytest.raises(ContextLengthExceeded) as info:
-        builder.build(system, [], "Hello", max_model_len=n + 9, max_new_tokens=10)
-    err = info.value
-    assert (err.prompt_tokens, err.max_new_tokens, err.max_model_len) == (n, 10, n + 9)
-    assert f"{n} prompt tokens + 10 new tokens" in str(err) and "never truncated" in str(err)
-    # Long history: still an error, never a silently shortened prompt.
     history = [builder.user_segment("word " * 200), builder.assistant_segment([19556] * 300, True)]
-    with pytest.raises(ContextLengthExceeded):
-        builder.build(system, history * 3, "and?", max_model_len=1024)
+    plan = builder.build(system, history * 3, "and?")
+    assert plan.prompt_tokens == (len(system) + 3 * sum(map(len, history))
+                                  + len(builder.user_segment("and?"))
+                                  + len(builder.generation_prompt()))
 
 
 def test_user_text_cannot_forge_special_tokens(builder):
@@ -147,13 +138,6 @@ def test_build_from_messages_refuses_what_it_cannot_render(builder, messages, ma
     with pytest.raises(PromptError, match=match):
         builder.build_from_messages(messages)
     assert issubclass(InvalidMessages, PromptError)
-
-
-def test_build_from_messages_checks_the_context(builder):
-    with pytest.raises(ContextLengthExceeded):
-        builder.build_from_messages(
-            [{"role": "user", "content": "hi"}], max_model_len=8, max_new_tokens=4
-        )
 
 
 def test_cache_salt_is_per_tenant_stable_and_opaque(builder, settings):
