@@ -59,8 +59,9 @@ class _Prewarm:
 
 
 class AsyncEngine:
-    # Blocks a prewarm restores between two steps: a slice from disk costs ~2 ms a block
-    # on a CPU, so running decodes wait no more than a few tens of milliseconds.
+    # Blocks a prewarm restores between two steps: small, so that a slice read from disk
+    # holds running decodes up for a fraction of a step at most (a block's restore cost
+    # from memory and from disk: docs/benchmarks.md, "Host/disk KV tier").
     PREWARM_SLICE = 8
 
     def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):

@@ -30,10 +30,10 @@ class EngineConfig:
     kv_cache_memory_bytes: int = 512 * 1024 * 1024
     max_num_seqs: int = 32
     # Tokens computed per step (None: 256 on CPU, 2048 on GPU). A step holds up every
-    # running decode and every new turn queued behind it. On a 2-core CPU doing ~3,400
-    # prefill tokens/s, 16 chats of 6 turns had a TTFT p50 (turns >= 2) of 167 ms at
-    # 256, 265 ms at 512 and 417 ms at 1,024; a long uncached prompt alone pays for
-    # it (1,400 tokens: 611 ms at 256, 500 ms at 512).
+    # running decode and every new turn queued behind it, so on a CPU, where prefill is
+    # slow, a small budget keeps the time to first token of concurrent chats low; a long
+    # uncached prompt alone pays a little for the extra steps (measured: docs/benchmarks.md,
+    # "The step budget").
     max_num_batched_tokens: int | None = None
     max_model_len: int = 8192
     enable_prefix_caching: bool = True

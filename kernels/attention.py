@@ -303,11 +303,9 @@ def paged_attention(
 # of the attention's time. A chunk batches when it has at most _BATCH_MAX_QUERY
 # tokens over at most _BATCH_MAX_LEN keys and at most _BATCH_MAX_CHUNK_SCORES
 # scores per head, and a group is cut where padding would more than double its work
-# (queries x keys). Past these the per-sequence calls were as fast or faster (16
-# chunks, bf16, one thread, per-sequence time over batched: with AMX 1.3-1.5x at
-# n <= 16 over L <= 64, 1.1x at 16 over 128, 0.9x at 24 over 128, 0.3-0.7x at
-# L >= 256; scores held whole per sequence, 1.7-2.7x at L = n, 1.0-1.3x at 128,
-# 0.7-0.9x at 256).
+# (queries x keys). Past these the per-sequence calls measured as fast or faster,
+# with AMX and with scores held whole per sequence alike (per shape:
+# docs/benchmarks.md, "CPU kernels").
 _BATCH_MAX_QUERY = 32
 _BATCH_MAX_LEN = 128
 _BATCH_MAX_CHUNK_SCORES = 2048
@@ -360,8 +358,8 @@ def _prefill_batch_attention(
     On CPU the scores are held whole, on any CPU: two batched matmuls around an
     fp32 softmax, the scores rounded to the model's dtype first as in
     _attend_held_whole. At these sizes the flash kernel's per-block overheads
-    dominate even with AMX (32 prompts of 16 tokens, 9 heads: 0.56 ms against
-    0.95 ms per layer). Elsewhere, or past _MAX_SCORES, one flash call."""
+    dominate even with AMX (docs/benchmarks.md, "CPU kernels"). Elsewhere, or past
+    _MAX_SCORES, one flash call."""
     b = p.tables.shape[0]
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     heads = query.shape[1]
@@ -408,12 +406,10 @@ def _flash(
 
 # On CPU, in bf16 without AMX, a prompt or a chunk over its cached prefix attends
 # with its n x L scores held whole (heads * n * L elements, 32 MB at most): two
-# batched matmuls around a softmax run 2-2.5x faster than torch's flash kernel there
-# (on a 2-core AVX512-BF16 machine: a 70-token turn over 1,400 cached tokens, 0.8 ms
-# per layer against 2.1 ms; a 256-token chunk over 1,024, 2.0 ms against 4.9 ms).
-# With AMX the flash kernel runs on AMX tiles and was the faster (0.54 ms for a
-# 68-token turn over 1,368); in fp32 the two are even. Past the limit the flash
-# kernel is faster (256 over 8,192: 41 ms against 80 ms).
+# batched matmuls around a softmax beat torch's flash kernel there. With AMX the
+# flash kernel runs on AMX tiles and is the faster; in fp32 the two are even. Past
+# the limit the flash kernel is faster again (measured per shape: docs/benchmarks.md,
+# "CPU kernels").
 def held_whole_dtypes(amx: bool) -> frozenset[torch.dtype]:
     """The cache dtypes whose CPU attention holds its scores whole."""
     return frozenset() if amx else frozenset({torch.bfloat16})
@@ -535,15 +531,16 @@ def _decode_attention(
 
     In bf16 on a CPU where kernels/cpu_kernels runs (in fp32, kernels/f32_kernels),
     its C kernel reads K/V in place
-    through the block tables: at 32 sequences of ~30 tokens, 45 us per layer
-    against 340 us for gathering the blocks and one padded flash call. Otherwise,
-    one flash-attention call padded to the longest context with an additive mask.
+    through the block tables, with no gather and no padding to the longest context
+    (several times faster than gathering the blocks for one padded flash call:
+    docs/benchmarks.md). Otherwise, one flash-attention call padded to the longest
+    context with an additive mask.
 
     The heads sharing a KV head are that head's query rows, so K/V are never
     repeated for grouped-query attention, and K/V are read through strided views
-    of the gathered blocks, never copied again. On CPU this is 2x faster than two
-    matmuls around a softmax at 32 sequences of 56 tokens (1.5x at 1,000), and
-    5-18x faster than SDPA's masked bf16 path, which takes the math fallback.
+    of the gathered blocks, never copied again. On CPU this beats two matmuls around
+    a softmax over copied K/V, and by far SDPA's masked bf16 path, which takes the
+    math fallback (docs/benchmarks.md).
     """
     if query.is_cpu and cpu_kernels.runs_decode(k_cache):
         q = query.to(k_cache.dtype).contiguous()
@@ -554,7 +551,7 @@ def _decode_attention(
     b = d.tables.shape[0]
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     group = query.shape[1] // kv_heads
-    # index_select on the flattened table: ~6x cheaper than advanced indexing on CPU.
+    # index_select on the flattened table: cheaper than advanced indexing on CPU.
     blocks = d.tables.reshape(-1)
     k = k_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : d.max_len]
     v = v_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : d.max_len]

@@ -26,11 +26,11 @@
      so a decode row gets, bit for bit, what the plain bf16 matmul of the dequantized
      weight gives (a bf16 engine's own decode), and the products a prefill takes from
      its packed copy, summed in oneDNN's order. (Exact weights with bf16 x made a
-     decode and a recomputed prefix differ by up to 4 bf16 ulps in 42 % of outputs,
-     and int8's greedy replies part from a bf16 engine's of the same weights at
-     near-ties: 65-78 % of SmolLM2's parity tokens agreed.)
+     decode and a recomputed prefix differ by a few bf16 ulps in many outputs, and
+     int8's greedy replies part from a bf16 engine's of the same weights at
+     near-ties; figures: docs/benchmarks.md.)
    (Quantizing the activations for integer dot products was tried: each output moved
-   by up to ~1 %, enough to flip a greedy choice between a decode and a recompute.)
+   enough to flip a greedy choice between a decode and a recompute.)
    Decoding is bound by reading the weights, which this reads at their packed size. */
 
 #include <stdlib.h>
@@ -93,9 +93,9 @@ static inline void store_out(void *y, int bf16, int64_t out, int64_t r, int64_t 
 
 /* Each decode step streams the weights from memory once, and the hardware
    prefetcher alone kept too few lines in flight for the slower loops (a quantized
-   row's conversions). Reading 2 KiB ahead, on a 2-core Xeon under KVM, single-stream
-   decode in process went 64 -> 112 tok/s (int8), 100 -> 125 (int4), 63 -> 77 (bf16);
-   1 and 4 KiB did as well. Past a row's end it reaches into the next row, which the
+   row's conversions). Reading 2 KiB ahead made single-stream decode markedly faster
+   where that bound it, for every weight kind (1 and 4 KiB did as well; figures:
+   docs/benchmarks.md). Past a row's end it reaches into the next row, which the
    same thread takes next. always_inline: as a plain static inline function, GCC 12 at
    -O3 dropped every prefetch (a call with no effect). */
 #define PREFETCH_BYTES 2048
@@ -288,8 +288,9 @@ static inline __attribute__((always_inline)) void dot_bytes(
    bf16 make one table of 32 that a nibble (the second group's with 16 added),
    zero-extended to 16 bits, indexes (vpermw), giving a group's 32 bf16 weights at a
    time; then dot_bf16's sums. dm: the chunk's two (d, m) pairs as fp32. (The table's
-   conversion makes one row 22-46 % slower on AMD's Zen 4 than bf16 dot products of
-   the exact levels scaled per group, which a bf16 engine's weights do not give.) */
+   conversion makes a row slower than bf16 dot products of the exact levels scaled per
+   group would be, but those do not give a bf16 engine's weights; what it costs per
+   host: docs/benchmarks.md.) */
 static inline __attribute__((always_inline)) void int4_chunk_bf16(
     __m512 acc[MAX_ROWS][4], const uint8_t *w, const float *dm, int64_t k,
     const uint16_t *xb, int64_t in_pad, const int R) {
