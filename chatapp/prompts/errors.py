@@ -40,4 +40,10 @@ class FormatError(PromptError):
 
 
 class InvalidMessages(PromptError):
-    """A stateless (OpenAI-style) message list the builder cannot render."""
+    """A stateless (OpenAI-style) message list the builder cannot render; `param` names
+    the field at fault (messages[2].content), `code` how it is wrong (OpenAI's codes)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value"):
+        super().__init__(message)
+        self.param = param
+        self.code = code

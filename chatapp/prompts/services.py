@@ -47,6 +47,7 @@ __all__ = [
     "builder_for",
     "cache_salt_for",
     "check_user_text",
+    "content_text",
     "default_block_size",
     "normalise_message",
     "prefix_hash",
@@ -420,8 +421,28 @@ class PromptBuilder:
         return cache_salt_for(owner)
 
 
+def content_text(content: object, where: str = "content") -> str:
+    """The text of an OpenAI-style message's `content`: a string, or an array of text
+    parts ({"type": "text", "text": "..."}) joined; None is no text. The text-part rule's
+    one owner: the /v1 parser applies it to each message, naming the field by `where`
+    (messages[2].content) in the InvalidMessages it raises for anything else."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidMessages(f"'{where}' must be a string or an array of text parts.", where,
+                              "invalid_type")
+    for j, part in enumerate(content):
+        if not (isinstance(part, Mapping) and part.get("type") == "text"
+                and isinstance(part.get("text"), str)):
+            raise InvalidMessages(f"'{where}[{j}]' must be a text part; other kinds are not "
+                                  "supported by this model.", where)
+    return "".join(part["text"] for part in content)
+
+
 def normalise_message(message: Mapping, index: int) -> tuple[str, str]:
-    """(role, text) of an OpenAI-style message; text parts are joined, others refused."""
+    """(role, text) of an OpenAI-style message; text parts are joined (content_text)."""
     if not isinstance(message, Mapping):
         raise InvalidMessages(f"messages[{index}] must be an object")
     role = message.get("role")
@@ -429,16 +450,4 @@ def normalise_message(message: Mapping, index: int) -> tuple[str, str]:
         role = "system"
     if role not in ("system", "user", "assistant"):
         raise InvalidMessages(f"messages[{index}]: role {role!r} is not supported")
-    content = message.get("content")
-    if content is None:
-        content = ""
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, Mapping) or part.get("type") != "text":
-                raise InvalidMessages(f"messages[{index}]: only text content parts are supported")
-            texts.append(str(part.get("text", "")))
-        content = "".join(texts)
-    if not isinstance(content, str):
-        raise InvalidMessages(f"messages[{index}]: content must be text")
-    return role, content
+    return role, content_text(message.get("content"), f"messages[{index}].content")

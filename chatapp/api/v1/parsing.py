@@ -26,6 +26,8 @@ from chatapp.api.v1.tool_params import (
 )
 from chatapp.api.v1.unsupported import refuse_unsupported
 from chatapp.echo import quoted
+from chatapp.prompts.errors import InvalidMessages
+from chatapp.prompts.services import content_text
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4
@@ -160,18 +162,10 @@ def _messages(value) -> list[dict]:
         content = msg.get("content")
         if content is None and role != "assistant":
             raise _bad(f"{where}.content", "is required.", "invalid_type")
-        if content is not None and not isinstance(content, str | list):
-            raise _bad(f"{where}.content", "must be a string or an array of text parts.",
-                       "invalid_type")
-        for j, part in enumerate(content if isinstance(content, list) else []):
-            if not (isinstance(part, dict) and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)):
-                raise invalid(
-                    f"'{where}.content[{j}]' must be a text part; other kinds are not "
-                    "supported by this model.",
-                    f"{where}.content",
-                    "invalid_value",
-                )
+        try:  # the text-part rule is the prompt manager's
+            content_text(content, f"{where}.content")
+        except InvalidMessages as exc:
+            raise invalid(str(exc), exc.param, exc.code) from None
     if value[-1].get("role") == "assistant":
         raise invalid(
             "The last message must not be an assistant message: there is nothing to reply to.",

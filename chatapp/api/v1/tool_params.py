@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from chatapp.api.errors import OpenAIError, invalid
 from chatapp.echo import quoted
 from chatapp.prompts import tools as convention_module
-from chatapp.prompts.services import normalise_message
+from chatapp.prompts.services import content_text
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 MAX_TOOLS = 128
@@ -153,13 +153,12 @@ def prompt_turns(messages: list[dict], tools: ToolRequest | None,
     ids are remembered by} for turns that made tool calls)."""
     turns: list[tuple[str, str]] = []
     keys: dict[str, str] = {}
-    for i, msg in enumerate(messages):
+    for msg in messages:  # checked by the parser (chatapp.api.v1.parsing._messages)
+        content = content_text(msg.get("content"))
         if msg.get("role") == "tool":
-            _, content = normalise_message({"role": "user", "content": msg.get("content")}, i)
             turns.append((convention.result_role, convention.response_text(content)))
             continue
         if msg.get("tool_calls"):
-            _, content = normalise_message({**msg, "tool_calls": None}, i)
             calls = [convention.call_text(c["function"]["name"],
                                           json.loads(c["function"]["arguments"]))
                      for c in msg["tool_calls"]]
@@ -167,7 +166,8 @@ def prompt_turns(messages: list[dict], tools: ToolRequest | None,
             keys[text] = calls_key([c["id"] for c in msg["tool_calls"]])
             turns.append(("assistant", text))
             continue
-        turns.append(normalise_message(msg, i))
+        # "developer" is OpenAI's newer name for the system role.
+        turns.append(("system" if msg["role"] == "developer" else msg["role"], content))
     if tools is not None and tools.active:
         if turns and turns[0][0] == "system":
             turns[0] = ("system", convention.system_with_tools(turns[0][1], tools.tools))

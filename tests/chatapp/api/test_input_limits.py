@@ -14,12 +14,16 @@ import pytest
 from django.core.handlers.asgi import ASGIHandler
 
 from chatapp.api import services
+from chatapp.api.errors import OpenAIError
 from chatapp.api.ratelimit import limiter
 from chatapp.api.serializers import MessageCreateSerializer
+from chatapp.api.v1.parsing import parse_completion_request
+from chatapp.api.v1.tool_params import calls_key
 from chatapp.api.v1.unsupported import UNSUPPORTED
 from chatapp.body_timeout import BodyTimeoutMiddleware
 from chatapp.chat import services as chat_services
 from chatapp.chat.errors import InvalidInput
+from chatapp.prompts import tools as tools_convention
 from tests.chatapp.api.conftest import MODEL
 
 pytestmark = pytest.mark.django_db
@@ -199,6 +203,43 @@ def test_the_conversations_api_defers_to_the_message_rule(settings):
     assert "limit is 100" in str(body.errors["content"][0])
     for bad in ("   ", 5, None, "a\x00b"):
         assert not MessageCreateSerializer(data={"content": bad}).is_valid(), bad
+
+
+# --- the message shape rule has one owner -------------------------------------------------
+
+
+@pytest.mark.parametrize("content, message, code", [
+    (42, "'messages[1].content' must be a string or an array of text parts.", "invalid_type"),
+    ([{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}],
+     "'messages[1].content[1]' must be a text part; other kinds are not supported by this "
+     "model.", "invalid_value"),
+    ([{"type": "text", "text": 5}], "'messages[1].content[0]' must be a text part; other "
+     "kinds are not supported by this model.", "invalid_value"),
+])
+def test_v1_refuses_a_content_that_is_not_text_naming_the_field(content, message, code):
+    # The rule is the prompt manager's (chatapp.prompts.services.content_text).
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}]
+    with pytest.raises(OpenAIError) as err:
+        parse_completion_request({"model": MODEL, "messages": messages})
+    assert (err.value.message, err.value.param, err.value.code) == (
+        message, "messages[1].content", code)
+
+
+def test_v1_joins_text_parts_of_every_role_tool_results_included():
+    parts = [{"type": "text", "text": "Sun"}, {"type": "text", "text": "ny."}]
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
+    req = parse_completion_request({"model": MODEL, "messages": [
+        {"role": "developer", "content": parts},
+        {"role": "user", "content": parts},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": parts},
+    ]})
+    turns, keys = req.turns(tools_convention.HERMES)
+    assert turns[0] == ("system", "Sunny.") and turns[1] == ("user", "Sunny.")
+    assert turns[2][0] == "assistant" and keys == {turns[2][1]: calls_key(["c1"])}
+    assert turns[3] == (tools_convention.HERMES.result_role,
+                        tools_convention.HERMES.response_text("Sunny."))
 
 
 # --- the title rule has one owner ---------------------------------------------------------

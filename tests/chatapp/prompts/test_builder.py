@@ -129,8 +129,9 @@ def test_build_from_messages_splices_remembered_ids(builder, tokenizer):
     [
         ([], "must not be empty"),
         ([{"role": "tool", "content": "x"}], "role 'tool'"),
-        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "only text"),
-        ([{"role": "user", "content": 5}], "must be text"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+         r"'messages\[0\]\.content\[0\]' must be a text part"),
+        ([{"role": "user", "content": 5}], "must be a string or an array of text parts"),
         ([{"role": "user", "content": ""}], "empty"),
     ],
 )
