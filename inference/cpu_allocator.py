@@ -3,10 +3,10 @@ freed.
 
 Each layer of a step allocates and frees megabytes (attention scores, gathered
 K/V). With glibc's defaults the top of the heap is handed back to the kernel
-after every free and faulted in again on the next allocation: on a 2-core
-machine that page-fault churn made a 70-token turn's attention over 1,400
-cached tokens 2.5x slower (2.0 ms per layer against 0.8 ms). Asking glibc to
-keep 64 MiB of padding at the top of the heap stops it.
+after every free and faulted in again on the next allocation, and that
+page-fault churn made a turn's attention over its cached tokens much slower
+(measured: docs/benchmarks.md, "CPU kernels"). Asking glibc to keep 64 MiB of
+padding at the top of the heap stops it.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ grammar is complete the mask leaves only the end-of-turn token, so the reply end
 model-written one does ("stop", with the token that ends a remembered reply).
 
 The grammar engine is llguidance (llama.cpp's), chosen over xgrammar (vLLM's, SGLang's)
-after measuring both on SmolLM2's 49,152-token vocabulary (2-core Xeon, one torch thread):
+after measuring both on SmolLM2's 49,152-token vocabulary (the figures, dated, are in
+docs/benchmarks.md, "Structured outputs and tools"):
 
 - A schema it cannot honour is refused, never loosened: llguidance rejects keywords it does
   not implement (`not`), unsatisfiable schemas (a required key that additionalProperties
@@ -19,14 +20,10 @@ after measuring both on SmolLM2's 49,152-token vocabulary (2-core Xeon, one torc
   text the schema does not allow (the fail-open issue 27 asks us to avoid).
 - The per-step cost has a hard bound: llguidance's parser limits (fuel per mask) end a
   pathological grammar's request with an error instead of stalling every request's step.
-- Cost, measured alone on a 69-token JSON reply: a mask median 0.016 ms at batch 1, 16
-  rows 0.29 ms one after another (0.2 ms on its thread pool); xgrammar is faster here
-  (0.003 ms; 0.04 ms, 0.9 ms through its batch matcher), but both are far below a decode
-  step. Compiling a schema 2-10 ms (xgrammar 4-11 ms); the tokenizer index ~0.4 s once per
-  process (xgrammar ~0.14 s). In the engine (`python -m bench grammar`, 2 torch threads,
-  5 rounds), fill + apply + advance took 0.39 ms of a 7.95 ms step at batch 1 (4.8 %) and
-  1.49 ms of a 43.5 ms step at batch 16 (3.5 %): issue 27 asks for <= 10 %. (After a
-  forward the caches are cold: a mask takes ~0.15 ms there, not 0.016.)
+- Cost: xgrammar's masks are faster, but both are far below a decode step, and so is
+  compiling a schema; the tokenizer index is built once per process. In the engine
+  (`python -m bench grammar`) the grammar's whole work (fill + apply + advance) is a few
+  per cent of a decode step at batch 1 and 16, within the <= 10 % issue 27 asks for.
 - It is one self-contained wheel; xgrammar pulls apache-tvm-ffi and triton.
 """
 
@@ -182,7 +179,7 @@ class GrammarCompiler:
 
 
 # Byte value -> its 8 bits as additive logit masks (0 allowed, -inf not): one lookup per
-# byte of the bitmask, ~4x cheaper than shifting each 32-bit word 32 times on CPU.
+# byte of the bitmask, cheaper than shifting each 32-bit word 32 times on CPU.
 _BYTE_MASKS: dict[torch.dtype, torch.Tensor] = {}
 
 
@@ -201,9 +198,9 @@ def _fill(matchers: list[llg.LLMatcher], vocab: int) -> torch.Tensor:
 
     Written straight into the tensor through llguidance's pointer API: its torch helpers
     module imports torch.compile machinery (over a second, on the first step that used it).
-    Rows are filled one after another unless cores are left over by torch's threads: on a
-    2-core host with 2 torch threads, llguidance's thread pool made 16 rows slower (median
-    0.5 ms, spikes of 4 ms) than a plain loop (0.4 ms, ~25 us a row)."""
+    Rows are filled one after another unless cores are left over by torch's threads: with
+    every core taken by torch, llguidance's thread pool made 16 rows slower, with spikes,
+    than a plain loop (docs/benchmarks.md)."""
     global _ll_executor
     bitmask = torch.empty(len(matchers), (vocab + 31) // 32, dtype=torch.int32)
     row_bytes, ptr = bitmask.shape[1] * 4, bitmask.data_ptr()
@@ -225,14 +222,14 @@ def mask_logits(logits: torch.Tensor, seqs: list, keep: bool) -> torch.Tensor:
     caller still needs the model's own distribution, for logprobs) and mask a copy.
 
     The masks are filled here, after the forward: filling them on a thread during the
-    forward hid their 0.2 ms but made the step no shorter on a 2-core host (the thread
+    forward hid their time but made the step no shorter on a 2-core host (the thread
     took a core from torch's)."""
     rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
     if not rows:
         return logits
     vocab = logits.shape[-1]
     bitmask = _fill([seqs[i].grammar.matcher for i in rows], vocab)
-    # index_select, not advanced indexing: half the time (0.03 ms a row, 0.55 ms for 16).
+    # index_select, not advanced indexing: faster (docs/benchmarks.md).
     add = _byte_masks(logits.dtype).index_select(0, bitmask.view(torch.uint8).flatten().long())
     add = add.view(len(rows), -1)
     with torch.inference_mode():  # the runner's logits are inference tensors

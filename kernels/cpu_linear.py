@@ -2,9 +2,8 @@
 
 Eager F.linear in bf16 hands oneDNN a plain row-major weight, which it
 re-lays out into its blocked (AMX/AVX512 tile) format on every call. Packing
-each weight once at load time removes that work: on SmolLM2's 30 layers,
-packed bf16 matmuls took 9-12 ms per step against 15-19 ms for F.linear, for 1
-to 32 rows (about 1.4x on prefill-sized batches too).
+each weight once at load time removes that work, for decode steps and
+prefill-sized batches alike (measured: docs/benchmarks.md, "CPU kernels").
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """F.linear, except on CPU: up to 8 bf16 rows where the C kernels run take
     cpu_kernels.bf16_matmul (the C decode step's own matmul: exact products, fp32
     sums), and one other row is a matrix-vector product (torch.mv streams a bf16
-    weight ~1.7x faster than F.linear's one-row matmul)."""
+    weight faster than F.linear's one-row matmul)."""
     if cpu_kernels.runs_bf16_matmul(x, weight):
         y = cpu_kernels.bf16_matmul(x, weight)
         return y if bias is None else y.add_(bias)

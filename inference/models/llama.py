@@ -50,8 +50,8 @@ class Linear(nn.Linear):
         """Lay the weight out once for oneDNN where this build can (a bf16 CPU model).
         A quantized layer packs its weight dequantized to bf16, for the rows the C kernel
         does not take (prefill, large decode steps): they would otherwise dequantize it
-        and have oneDNN re-lay it out on every call (a 256-token prefill step of SmolLM2:
-        87 ms, against 63 ms packed). Same products; it costs the weight's bf16 size
+        and have oneDNN re-lay it out on every call (measured: docs/benchmarks.md). Same
+        products; it costs the weight's bf16 size
         beside the quantized copy, which decodes keep reading."""
         if self.quantized is None:
             weight = self.weight
@@ -209,8 +209,8 @@ class LlamaForCausalLM(nn.Module):
     each q and k head before RoPE (and an explicit head_dim).
 
     Inside the model, modules call their children's forward() directly: none has
-    hooks, and nn.Module.__call__ costs a few microseconds a call, about 1 ms of a
-    bf16 decode step over its ~270 calls.
+    hooks, and nn.Module.__call__ costs a few microseconds a call, which adds up over
+    a decode step's ~270 calls.
     """
 
     # The whole decode step in C where the weights allow (see build_decode_stack).
@@ -264,9 +264,9 @@ class LlamaForCausalLM(nn.Module):
         """Pack every matmul weight for oneDNN where this CPU build can (bf16);
         False when nothing was packed."""
         # A tied head's plain weight is the embedding table, kept for lookups anyway: it
-        # stays beside the packed copy, and a few rows multiply it in C (SmolLM2's head,
-        # one row on a 2-core EPYC: 1.3 ms, against 1.8 through oneDNN), summing as a
-        # quantized head's rows do.
+        # stays beside the packed copy, and a few rows multiply it in C (faster than
+        # oneDNN's packed copy for one row: docs/benchmarks.md), summing as a quantized
+        # head's rows do.
         head = self.lm_head
         head.keeps_plain = (self.tie_word_embeddings and head.quantized is None
                             and head.takes_plain_rows())

@@ -1,7 +1,7 @@
 /* RMSNorm of bf16 rows, for CPUs with AVX512-BF16, in transformers' order of
    roundings: each row normalised in fp32 and rounded to bf16, then multiplied by
    the bf16 weight and rounded again. Torch composes it from about a dozen ops,
-   which cost ~35 us per call at one row, most of a decode step's small-op time. */
+   whose dispatch was most of a decode step's small-op time (docs/benchmarks.md). */
 
 #include <math.h>
 
