@@ -106,7 +106,7 @@ def logits(engine: LLMEngine, ids: list[int], chunks: list[int] | None = None) -
     """fp32 logits of the positions of ids, nothing cached, computed in the given
     chunks (default: one, every position of a prefill; 1s are decode steps)."""
     engine.reset_prefix_cache()
-    seq = Sequence(10**6, "quality", 0, ids, SamplingParams())
+    seq = Sequence("quality", 0, ids, SamplingParams())
     engine.kv.admit(seq, engine.kv.find_cached_blocks(seq), 0)
     rows = []
     try:

@@ -92,7 +92,7 @@ class LLMEngine:
         self.eos_token_ids = self._eos_ids()
         self.requests: dict[str, list[Sequence]] = {}
         self.metrics = EngineMetrics()
-        self._seq_ids = itertools.count()
+        self._generate_ids = itertools.count()  # request ids of generate()
         self.vocab_size = self.model_config.vocab_size
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
 
@@ -147,7 +147,7 @@ class LLMEngine:
         self.compile_grammar(params)
         seqs = []
         for i in range(params.n):
-            seq = Sequence(next(self._seq_ids), request_id, i, ids, params, cache_salt, arrival_time)
+            seq = Sequence(request_id, i, ids, params, cache_salt, arrival_time)
             if i > 0:
                 seq.wait_for = seqs[0]
             seqs.append(seq)
@@ -301,7 +301,7 @@ class LLMEngine:
         cache_salt: str | None = None,
     ) -> list[list[RequestOutput]]:
         """Run prompts to completion; per prompt, the final output of each sample."""
-        ids = [f"gen-{next(self._seq_ids)}" for _ in prompts]
+        ids = [f"gen-{next(self._generate_ids)}" for _ in prompts]
         for rid, prompt in zip(ids, prompts, strict=True):
             self.add_request(rid, prompt, params, cache_salt)
         final: dict[str, dict[int, RequestOutput]] = {rid: {} for rid in ids}
@@ -319,7 +319,7 @@ class LLMEngine:
         ids = self.encode(prompt)
         if any(not isinstance(t, int) for t in ids):
             raise InvalidRequestError("token ids must be integers", "prompt")
-        seq = Sequence(-1, "prewarm", 0, ids, SamplingParams(), cache_salt)
+        seq = Sequence("prewarm", 0, ids, SamplingParams(), cache_salt)
         return prewarm(self.kv, seq, max_blocks)
 
     def persist_kv(self, max_blocks: int | None = None) -> int:

@@ -19,7 +19,6 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     def __init__(
         self,
-        seq_id: int,
         request_id: str,
         index: int,
         prompt_token_ids: list[int],
@@ -27,7 +26,6 @@ class Sequence:
         cache_salt: str | None = None,
         arrival_time: float | None = None,
     ):
-        self.seq_id = seq_id
         self.request_id = request_id
         self.index = index  # sample number within the request (n > 1)
         self.token_ids: list[int] = list(prompt_token_ids)

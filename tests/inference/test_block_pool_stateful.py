@@ -60,7 +60,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
     @rule(prefix=st.sampled_from(PREFIXES), tail=st.lists(st.integers(10, 13), max_size=9),
           salt=st.sampled_from([None, "t1"]), chunk=st.integers(1, 12))
     def allocate(self, prefix, tail, salt, chunk):
-        seq = Sequence(self.next_id, f"r{self.next_id}", 0, prefix + tail, SamplingParams(), salt)
+        seq = Sequence(f"r{self.next_id}", 0, prefix + tail, SamplingParams(), salt)
         self.next_id += 1
         hits = self.kv.find_cached_blocks(seq)
         n = min(seq.num_tokens - len(hits) * BS, chunk)
@@ -96,7 +96,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
     def share(self, data):
         """A new request with exactly a live one's computed tokens plus one more."""
         src = data.draw(st.sampled_from(self.live))
-        seq = Sequence(self.next_id, f"r{self.next_id}", 0,
+        seq = Sequence(f"r{self.next_id}", 0,
                        src.token_ids[: src.num_computed_tokens] + [11],
                        SamplingParams(), src.cache_salt)
         self.next_id += 1
@@ -116,8 +116,8 @@ class BlockPoolMachine(RuleBasedStateMachine):
         are computed; its blocks hold its own tokens."""
         from inference.inflight import InflightBlocks
 
-        first = Sequence(self.next_id, f"r{self.next_id}", 0, prefix + tail, SamplingParams(), salt)
-        second = Sequence(self.next_id + 1, f"r{self.next_id + 1}", 0,
+        first = Sequence(f"r{self.next_id}", 0, prefix + tail, SamplingParams(), salt)
+        second = Sequence(f"r{self.next_id + 1}", 0,
                           prefix + tail + extra + [11], SamplingParams(), salt)
         self.next_id += 2
         hits = self.kv.find_cached_blocks(first)
@@ -163,7 +163,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
           salt=st.sampled_from([None, "t1"]), max_blocks=st.integers(0, 4))
     def prewarm(self, prefix, tail, salt, max_blocks):
         """Bring a prompt's blocks back from the tier ahead of a request."""
-        seq = Sequence(self.next_id, "prewarm", 0, prefix + tail, SamplingParams(), salt)
+        seq = Sequence("prewarm", 0, prefix + tail, SamplingParams(), salt)
         free_before = self.kv.pool.num_free_blocks
         restored = prewarm(self.kv, seq, max_blocks)
         assert restored <= max_blocks

@@ -39,7 +39,7 @@ def evict_everything(engine, seed: int = 99) -> None:
 
 def logits_after_cache(engine, ids: list[int]) -> tuple[int, torch.Tensor]:
     """(cached tokens, fp32 logits of every position computed) for one prompt."""
-    seq = Sequence(10**6, "logits", 0, ids, SamplingParams())
+    seq = Sequence("logits", 0, ids, SamplingParams())
     hits = engine.kv.find_cached_blocks(seq)
     n = len(ids) - len(hits) * BS
     engine.kv.admit(seq, hits, n)
@@ -91,7 +91,7 @@ def test_evicted_chain_is_served_from_the_tier_with_the_same_logits(tiered, make
 
 
 def _hashes(engine, ids, salt=None):
-    seq = Sequence(0, "h", 0, ids, SamplingParams(), salt)
+    seq = Sequence("h", 0, ids, SamplingParams(), salt)
     engine.kv.update_block_hashes(seq)
     return seq.block_hashes
 

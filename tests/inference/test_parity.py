@@ -13,7 +13,7 @@ TOL = 1e-3
 
 def our_logits(engine: LLMEngine, ids: list[int], chunks: list[int]) -> torch.Tensor:
     """Logits for every position not served from the cache, computing in the given chunks."""
-    seq = Sequence(10**6, "parity", 0, ids, SamplingParams())
+    seq = Sequence("parity", 0, ids, SamplingParams())
     hits = engine.kv.find_cached_blocks(seq)
     engine.kv.admit(seq, hits, 0)
     out = []

@@ -139,7 +139,7 @@ def test_incremental_detokenization_never_splits_a_character(smollm2_tokenizer):
     tok = smollm2_tokenizer
     text = "Grüße 👋🏽 日本語 ok"
     ids = tok.encode(text, add_special_tokens=False)
-    seq = Sequence(0, "d", 0, [1], SamplingParams())
+    seq = Sequence("d", 0, [1], SamplingParams())
     pieces = []
     for t in ids:
         before = seq.text
@@ -235,7 +235,7 @@ def test_greedy_takes_the_first_maximum_in_the_logits_own_dtype():
     logits[0, [7, 31]] = 9.0
     logits[1, 49] = 9.0
     logits[2, [0, 1]] = 9.0
-    seqs = [Sequence(i, "r", 0, [1], SamplingParams(temperature=0.0)) for i in range(3)]
+    seqs = [Sequence(f"r{i}", 0, [1], SamplingParams(temperature=0.0)) for i in range(3)]
     assert sample(logits, seqs) == [7, 49, 0]
     assert sample(logits, seqs) == logits.float().argmax(-1).tolist()
 
