@@ -366,6 +366,11 @@ class LLMEngine:
                 "prefix_cache_miss_reasons": dict(m.prefix_cache_miss_reasons),
                 **(self.kv_tier.stats() if self.kv_tier is not None else {}),
                 "preemptions": self.scheduler.num_preemptions,
+                # Prefix sharing while the blocks are computed (inference/inflight.py):
+                # admissions put off until another request computed the blocks they share,
+                # and blocks shared so, before they were in the cache.
+                "prefix_waits": self.scheduler.num_prefix_waits,
+                "inflight_shared_blocks": self.scheduler.num_inflight_shared_blocks,
                 "num_running": len(self.scheduler.running),
                 "num_waiting": len(self.scheduler.waiting),
                 "prompt_tokens_total": m.prompt_tokens_total,

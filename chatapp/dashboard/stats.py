@@ -18,7 +18,7 @@ SUMMED = (
     "prefix_cache_queries", "prefix_cache_hits", "blocks_total", "blocks_used",
     "blocks_cached_free", "blocks_free", "evictions", "preemptions", "num_running",
     "num_waiting", "prompt_tokens_total", "generation_tokens_total", "requests_finished",
-    "requests_failed", "requests_aborted",
+    "requests_failed", "requests_aborted", "prefix_waits", "inflight_shared_blocks",
     # The host/disk KV tier under the pool (0 where an engine has none).
     "prefix_cache_hits_tier", "kv_tier_memory_blocks", "kv_tier_memory_bytes",
     "kv_tier_disk_blocks", "kv_tier_disk_bytes", "kv_tier_offloads", "kv_tier_restores",

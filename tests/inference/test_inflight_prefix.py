@@ -59,6 +59,7 @@ def test_simultaneous_requests_compute_a_shared_prefix_once(make_engine, monkeyp
     assert [o.cached_tokens for o in outs] == [0] + [len(PREFIX)] * 5
     if budget == 4096:  # all in the first step, sharing the blocks it writes
         assert engine.scheduler.num_inflight_shared_blocks == 5 * len(PREFIX) // 16
+        assert engine.metrics_snapshot()["inflight_shared_blocks"] == 5 * len(PREFIX) // 16
     assert [o.token_ids for o in outs] == one_at_a_time(make_engine, batch)
     assert engine.metrics_snapshot()["blocks_used"] == 0
 
@@ -126,6 +127,7 @@ def test_a_waiter_waits_for_blocks_written_later_and_others_go_ahead(make_engine
     assert [s.request_id for s in out.seqs] == ["a", "c"]
     assert [s.request_id for s in sched.waiting] == ["b"]
     assert sched.num_prefix_waits == 1
+    assert engine.metrics_snapshot()["prefix_waits"] == 1
     final = {}
     while engine.has_unfinished_requests():  # c's first chunk is computed next step
         for o in engine.step():

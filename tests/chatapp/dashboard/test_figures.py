@@ -281,6 +281,21 @@ def test_the_host_disk_tier_and_why_matches_ended_are_shown_and_exported(client,
     assert samples[("prefixchat:kv_tier_restore_seconds_count", (("engine", "worker-1"),))] == 4
 
 
+@pytest.mark.django_db
+def test_prefix_sharing_while_blocks_are_computed_is_summed_and_exported(client):
+    sampling.snapshot_record(snapshot=fake_snapshot("worker-1", prefix_waits=3,
+                                                    inflight_shared_blocks=40))
+    sampling.snapshot_record(snapshot=fake_snapshot("worker-2", prefix_waits=1,
+                                                    inflight_shared_blocks=2))
+    total = selectors.dashboard_figures()["total"]
+    assert (total["prefix_waits"], total["inflight_shared_blocks"]) == (4, 42)
+    text = client.get("/metrics").content.decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("prefixchat:prefix_waits_total", (("engine", "worker-1"),))] == 3
+    assert samples[("prefixchat:inflight_shared_blocks_total", (("engine", "worker-2"),))] == 2
+
+
 def _requests(n: int, *, hit_every: int = 5) -> list[dict]:
     """n finished requests, one in `hit_every` a cache hit; TTFTs all differ."""
     return [{"request_id": f"api-{i}", "prompt_tokens": 100,
