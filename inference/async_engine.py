@@ -211,7 +211,7 @@ class AsyncEngine:
                 except Exception as exc:
                     log.exception("adding request %s failed", rid)
                     self._deliver([
-                        self._error_output(rid, i, [], str(exc)) for i in range(params.n)
+                        self._error_output(rid, i, str(exc)) for i in range(params.n)
                     ])
             elif cmd[0] == "abort":
                 self._deliver(self.engine.abort(cmd[1]))
@@ -279,9 +279,10 @@ class AsyncEngine:
                     self._streams.pop(out.request_id, None)
 
     @staticmethod
-    def _error_output(rid: str, index: int, ids: list[int], msg: str) -> RequestOutput:
+    def _error_output(rid: str, index: int, msg: str) -> RequestOutput:
+        """The final output of a request that failed before the engine took it."""
         return RequestOutput(
             request_id=rid, index=index, text_delta="", new_token_ids=[], token_ids=[], text="",
-            finished=True, finish_reason="error", prompt_tokens=len(ids), cached_tokens=0,
+            finished=True, finish_reason="error", prompt_tokens=0, cached_tokens=0,
             ttft=None, error=msg,
         )

@@ -298,6 +298,29 @@ def test_a_running_request_id_is_refused_by_either_engine_in_one_wording(make_en
     assert async_refusal.param == sync_refusal.value.param == "request_id"
 
 
+def test_a_fault_while_adding_a_request_ends_each_sample_with_an_error(make_engine, monkeypatch):
+    llm = make_engine()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(llm, "add_request", broken)
+    engine = AsyncEngine(engine=llm)
+
+    async def scenario():
+        params = SamplingParams(max_tokens=2, n=2)
+        return [o async for o in engine.generate(rand_ids(20, 8), params, request_id="f")]
+
+    try:
+        outs = asyncio.run(scenario())
+    finally:
+        engine.shutdown()
+    assert sorted(o.index for o in outs) == [0, 1]
+    for out in outs:
+        assert (out.finished, out.finish_reason, out.error) == (True, "error", "injected fault")
+        assert out.prompt_tokens == 0 and out.token_ids == []
+
+
 def run_all(engine) -> list:
     outs = []
     while engine.has_unfinished_requests():
