@@ -85,10 +85,6 @@ class Workload:
     def num_requests(self) -> int:
         return sum(len(c.turns) for c in self.conversations)
 
-    @property
-    def max_turns(self) -> int:
-        return max((len(c.turns) for c in self.conversations), default=0)
-
     def system_seen_before(self, index: int, warmed: bool = True) -> bool:
         """Whether conversation `index`'s system prompt opened an earlier conversation
         or the warm-up (which uses conversation 0's): only then can a cache hold it."""
