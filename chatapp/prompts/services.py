@@ -24,7 +24,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from chatapp.prompts.encoding import TokenEncoder, check_text
 from chatapp.prompts.errors import (
@@ -49,7 +48,6 @@ __all__ = [
     "check_user_text",
     "content_text",
     "default_block_size",
-    "normalise_message",
     "prefix_hash",
 ]
 
@@ -335,11 +333,6 @@ class PromptBuilder:
         preset = (preset_id, preset_version)
         return self._plan(pieces, preset, cache_salt)
 
-    def build_from_messages(self, messages: Sequence[Mapping], **options: Any) -> PromptPlan:
-        """build_from_turns for OpenAI-style messages, each read by normalise_message."""
-        turns = [normalise_message(m, i) for i, m in enumerate(messages)]
-        return self.build_from_turns(turns, **options)
-
     def build_from_turns(
         self,
         turns: Sequence[tuple[str, str]],
@@ -349,7 +342,7 @@ class PromptBuilder:
         cache_salt: str | None = None,
     ) -> PromptPlan:
         """A prompt from the (role, text) turns of a stateless request: roles system, user or
-        assistant, shapes checked by the caller (the /v1 parser, or build_from_messages).
+        assistant, shapes checked by the caller (the /v1 parser, with content_text).
 
         A leading system message becomes a block-aligned segment exactly as a preset
         would, so API clients sending the same system text share its blocks. Each
@@ -417,9 +410,6 @@ class PromptBuilder:
             cache_salt=cache_salt,
         )
 
-    def cache_salt_for(self, owner) -> str:
-        return cache_salt_for(owner)
-
 
 def content_text(content: object, where: str = "content") -> str:
     """The text of an OpenAI-style message's `content`: a string, or an array of text
@@ -439,15 +429,3 @@ def content_text(content: object, where: str = "content") -> str:
             raise InvalidMessages(f"'{where}[{j}]' must be a text part; other kinds are not "
                                   "supported by this model.", where)
     return "".join(part["text"] for part in content)
-
-
-def normalise_message(message: Mapping, index: int) -> tuple[str, str]:
-    """(role, text) of an OpenAI-style message; text parts are joined (content_text)."""
-    if not isinstance(message, Mapping):
-        raise InvalidMessages(f"messages[{index}] must be an object")
-    role = message.get("role")
-    if role == "developer":  # OpenAI's newer name for the system role
-        role = "system"
-    if role not in ("system", "user", "assistant"):
-        raise InvalidMessages(f"messages[{index}]: role {role!r} is not supported")
-    return role, content_text(message.get("content"), f"messages[{index}].content")

@@ -38,6 +38,15 @@ def command_tokenizer(tokenizer, monkeypatch):
     return tokenizer
 
 
+def v1_turns(messages: list[dict]) -> list[tuple[str, str]]:
+    """The (role, text) turns /v1 hands the builder's build_from_turns for `messages`:
+    its parser and prompt_turns (no tools), the stateless path's real entry point."""
+    from chatapp.api.v1.parsing import parse_completion_request
+    from chatapp.prompts.tools import HERMES
+
+    return parse_completion_request({"model": "m", "messages": messages}).turns(HERMES)[0]
+
+
 def canonical(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 

@@ -9,7 +9,7 @@ import pytest
 
 from chatapp.prompts.presets import list_presets
 from chatapp.prompts.services import PromptBuilder, prefix_hash
-from tests.chatapp.prompts.conftest import common_prefix_len
+from tests.chatapp.prompts.conftest import common_prefix_len, v1_turns
 
 BLOCK = 16
 PRESET_IDS = [p.id for p in list_presets()]
@@ -75,9 +75,9 @@ def test_api_system_message_with_the_preset_text_shares_the_preset_blocks(builde
     from chatapp.prompts.presets import get_preset
 
     text = get_preset("coding").render()
-    plan = builder.build_from_messages(
+    plan = builder.build_from_turns(v1_turns(
         [{"role": "system", "content": text}, {"role": "user", "content": "hi"}]
-    )
+    ))
     system = builder.system_segment("coding")
     assert plan.shared_prefix_len == len(system)
     assert plan.token_ids[: len(system)] == tuple(system)

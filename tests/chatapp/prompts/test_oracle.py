@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 from chatapp.prompts.presets import get_preset
-from tests.chatapp.prompts.conftest import canonical, common_prefix_len, is_strict_prefix
+from tests.chatapp.prompts.conftest import (
+    canonical,
+    common_prefix_len,
+    is_strict_prefix,
+    v1_turns,
+)
 
 USERS = ["Hello!", "What is a prime number?", "Give me two examples.", "Thanks, bye."]
 REPLIES = [
@@ -64,7 +69,7 @@ def test_equals_the_tokenizer_template_when_replies_re_encode(unpadded, builder,
 
 
 def test_stateless_messages_match_the_template_too(unpadded, tokenizer):
-    """build_from_messages gives the same ids as the template, and so does a
+    """The stateless path (/v1's turns, build_from_turns) gives the same ids as the template, and so does a
     conversation without a system prompt once the template's default one is spelled out."""
     messages = [
         {"role": "system", "content": "You are terse."},
@@ -72,10 +77,11 @@ def test_stateless_messages_match_the_template_too(unpadded, tokenizer):
         {"role": "assistant", "content": REPLIES[0]},
         {"role": "user", "content": USERS[1]},
     ]
-    assert list(unpadded.build_from_messages(messages).token_ids) == oracle(tokenizer, messages)
+    assert list(unpadded.build_from_turns(v1_turns(messages)).token_ids) == oracle(tokenizer, messages)
     default = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
     without_system = messages[1:]
-    plan = unpadded.build_from_messages([{"role": "system", "content": default}, *without_system])
+    plan = unpadded.build_from_turns(v1_turns([{"role": "system", "content": default},
+                                              *without_system]))
     assert list(plan.token_ids) == oracle(tokenizer, without_system)
 
 
