@@ -10,6 +10,8 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
@@ -269,9 +271,52 @@ class Completion:
             return None
         return logprobs_object(self.tokenizer, entries)
 
+    # -- the stream: every chat.completion.chunk is shaped here ---------------------
+
     def chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
         extra = {"usage": usage} if self.req.include_usage else {}
         return self._body("chat.completion.chunk", choices, **extra)
+
+    @staticmethod
+    def _chunk_choice(index: int, delta: dict, finish_reason: str | None = None,
+                      logprobs: dict | None = None) -> dict:
+        return {"index": index, "delta": delta, "logprobs": logprobs,
+                "finish_reason": finish_reason}
+
+    def chunks_for(self, out) -> list[dict]:
+        """The chunks one output of the generation makes. A sample's first chunk goes out
+        with its first token (carrying the role), never before: clients time TTFT on it."""
+        self.check(out)
+        choice = self.generation.choices[out.index]
+        chunks = []
+        text = self.stream_text(choice, out)
+        if text or not choice.started:
+            delta = {"content": text}
+            if not choice.started:
+                delta = {"role": "assistant", **delta}
+                choice.started = True
+            chunks.append(self.chunk([self._chunk_choice(
+                out.index, delta, logprobs=self.logprobs(choice.unsent_logprobs()))]))
+        if out.finished:
+            calls = self.stream_calls(choice)
+            if calls:
+                chunks.append(self.chunk([self._chunk_choice(out.index, {"tool_calls": calls})]))
+            # Tokens whose text was held back (a possible stop string) end here.
+            chunks.append(self.chunk([self._chunk_choice(
+                out.index, {}, self.finish_reason(choice),
+                logprobs=self.logprobs(choice.unsent_logprobs()))]))
+        return chunks
+
+    async def stream_chunks(self) -> AsyncIterator[dict]:
+        """Every chat.completion.chunk of the response, the usage chunk last (when asked
+        for); the replies are remembered before it. OpenAIError on a failed sample."""
+        async with aclosing(self.generation.outputs()) as outputs:
+            async for out in outputs:
+                for chunk in self.chunks_for(out):
+                    yield chunk
+        await self.remember()
+        if self.req.include_usage:
+            yield self.chunk([], usage=self.usage())
 
 
 async def open_completion(*, key: ApiKey, req: CompletionRequest) -> Completion:

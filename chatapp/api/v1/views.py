@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
@@ -97,32 +98,12 @@ def _event(data: dict | str) -> bytes:
 
 
 async def _sse(completion: completions.Completion, slot: Slot) -> AsyncIterator[bytes]:
-    """chat.completion.chunk events, `[DONE]` last. A sample's first chunk goes out with
-    its first token (carrying the role), never before: clients time TTFT on it."""
+    """The completion's chunks (Completion.stream_chunks) as events, `[DONE]` last."""
     try:
-        async for out in completion.generation.outputs():
-            completion.check(out)
-            choice = completion.generation.choices[out.index]
-            text = completion.stream_text(choice, out)
-            if text or not choice.started:
-                delta = {"content": text}
-                if not choice.started:
-                    delta = {"role": "assistant", **delta}
-                    choice.started = True
-                yield _event(completion.chunk([_chunk_choice(
-                    out.index, delta, logprobs=completion.logprobs(choice.unsent_logprobs()))]))
-            if out.finished:
-                calls = completion.stream_calls(choice)
-                if calls:
-                    yield _event(completion.chunk([_chunk_choice(
-                        out.index, {"tool_calls": calls})]))
-                # Tokens whose text was held back (a possible stop string) end here.
-                yield _event(completion.chunk([_chunk_choice(
-                    out.index, {}, completion.finish_reason(choice),
-                    logprobs=completion.logprobs(choice.unsent_logprobs()))]))
-        await completion.remember()
-        if completion.req.include_usage:
-            yield _event(completion.chunk([], usage=completion.usage()))
+        # Closed with the response, so a client that goes aborts the generation now.
+        async with aclosing(completion.stream_chunks()) as chunks:
+            async for chunk in chunks:
+                yield _event(chunk)
     except OpenAIError as exc:
         # Headers are gone already: the error travels as an event (the SDK raises it).
         yield _event(exc.body())
@@ -132,11 +113,6 @@ async def _sse(completion: completions.Completion, slot: Slot) -> AsyncIterator[
     finally:
         slot.release()
     yield _event("[DONE]")
-
-
-def _chunk_choice(index: int, delta: dict, finish_reason: str | None = None,
-                  logprobs: dict | None = None) -> dict:
-    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def _model(name: str) -> dict:
