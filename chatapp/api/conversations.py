@@ -3,7 +3,6 @@ writes go through chatapp.chat.services and chatapp.generation.replies."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 
@@ -83,8 +82,7 @@ def _sse(event: str, data: dict) -> bytes:
 
 
 async def reply_stream(
-    *, reply_id: int, group: str, first: dict, on_close: Callable[[], None],
-    remote: bool = False,
+    *, started: replies.Started, group: str, first: dict, on_close: Callable[[], None],
 ) -> AsyncIterator[bytes]:
     """Generate reply `reply_id` and relay its events, from the chat page's own group (a
     page watching the conversation sees the reply too), as server-sent events. If the
@@ -94,7 +92,8 @@ async def reply_stream(
     await layer.group_add(group, channel)
     # A reply queued for a worker (remote) streams through the same group; it goes on
     # if this client leaves, as a long generation should.
-    task = None if remote else asyncio.create_task(replies.run_reply(reply_id))
+    reply_id = started.reply_id
+    task = started.run()
     try:
         yield _sse("message.created", first)
         while True:

@@ -185,24 +185,23 @@ def _slot(request: Request):
 
 
 def _generate(conversation, reply: Message, first: dict, slot, *, stream: bool):
-    """Start generating `reply`: on a worker, or on this process (503 if the broker is down;
-    the turn is kept). Streamed: (the SSE response, None: the stream releases the slot).
-    Otherwise it waits for the end: (None, slot)."""
-    remote = replies.hand_off(reply)
+    """Start generating `reply` (replies.start: on a worker, or on this process; 503 if
+    the broker is down, the turn kept). Streamed: (the SSE response, None: the stream
+    releases the slot). Otherwise it waits for the end: (None, slot)."""
+    # Runs on the server's event loop; this request's thread waits for the result.
+    started = async_to_sync(replies.start)(reply)
     if stream:
         events = conversations.reply_stream(
-            reply_id=reply.pk,
+            started=started,
             group=conversation.group_name,
             first=first,
             on_close=slot.release if slot else (lambda: None),
-            remote=remote,
         )
         response = StreamingHttpResponse(events, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
         return response, None
-    # Runs on the server's event loop; this request's thread waits for the result.
-    async_to_sync(replies.wait)(reply.pk, remote=remote)
+    async_to_sync(started.wait)()
     return None, slot
 
 

@@ -54,29 +54,46 @@ def hand_off(reply: Message) -> bool:
     return True
 
 
-async def start(reply: Message) -> asyncio.Task | None:
-    """Start generating `reply`: the task when it runs here, None when a worker has it."""
+@dataclass(frozen=True)
+class Started:
+    """A reply whose generation has a home: a worker (`remote`), or this process, from
+    `run()` on. The caller relays its events (WebSocket group, SSE stream) its own way,
+    and calls `run()` once it listens, so that it misses none of them."""
+
+    reply_id: int
+    remote: bool
+
+    def run(self) -> asyncio.Task | None:
+        """Generate the reply here, as a task on the running loop (cancelling it stops the
+        reply, its text kept); None when a worker has it."""
+        return None if self.remote else asyncio.create_task(run_reply(self.reply_id))
+
+    async def wait(self, poll_s: float = 0.2) -> None:
+        """Until the reply has ended: generated here (now, instead of `run()`), or by a
+        worker (bounded by the task's time limit)."""
+        if not self.remote:
+            await run_reply(self.reply_id)
+            return
+        deadline = time.monotonic() + settings.CELERY_TASK_TIME_LIMIT + 60
+        active = database_sync_to_async(
+            lambda: Message.objects.filter(pk=self.reply_id, status__in=Message.ACTIVE).exists()
+        )
+        while await active() and time.monotonic() < deadline:
+            await asyncio.sleep(poll_s)
+
+
+async def start(reply: Message) -> Started:
+    """Start `reply`, the one way the chat page and the conversations API do: queued for a
+    worker when dispatch says so, otherwise left for the caller to `run()` here. If the
+    broker is down: GenerationUnavailable, the reply marked failed and its end announced
+    to the conversation's group (the user's message is kept; every tab sees the reply
+    end)."""
     try:
         remote = await database_sync_to_async(hand_off)(reply)
     except dispatch.GenerationUnavailable:
-        # The user's message is kept; every tab sees the reply (marked failed) end.
         await _announce_failed(reply.pk)
         raise
-    return None if remote else asyncio.create_task(run_reply(reply.pk))
-
-
-async def wait(reply_id: int, *, remote: bool, poll_s: float = 0.2) -> None:
-    """Until the reply has ended: generated here, or by a worker (bounded by the task's
-    time limit)."""
-    if not remote:
-        await run_reply(reply_id)
-        return
-    deadline = time.monotonic() + settings.CELERY_TASK_TIME_LIMIT + 60
-    active = database_sync_to_async(
-        lambda: Message.objects.filter(pk=reply_id, status__in=Message.ACTIVE).exists()
-    )
-    while await active() and time.monotonic() < deadline:
-        await asyncio.sleep(poll_s)
+    return Started(reply.pk, remote)
 
 
 # -- stop and delete ---------------------------------------------------------------

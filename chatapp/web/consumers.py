@@ -227,7 +227,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await publish(self.group, {"type": "conversation.updated",
                                    "conversation": conversation_dict(self.conversation)})
         reply = messages[-1]
-        task = await replies.start(reply)
+        task = (await replies.start(reply)).run()
         if task is not None:
             self.tasks[reply.pk] = task
             task.add_done_callback(lambda _t, pk=reply.pk: self.tasks.pop(pk, None))
