@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from inference.block_pool import Block, BlockPool, hash_block
-from inference.kv_offload import continue_in_tier
+from inference.kv_offload import KVTier
 from inference.miss_reason import PrefixHistory, disabled_record
 from inference.sequence import Sequence
 
@@ -29,8 +29,59 @@ class KVCacheManager:
         # What was ever computed, to say why a match ended (inference/miss_reason.py).
         self.history = PrefixHistory(max(1 << 14, 8 * num_blocks), block_size, model_id,
                                      hash_algorithm) if enable_caching else None
-        # The host/disk tier under the pool (inference/kv_offload.attach_tier), or None.
-        self.tier = None
+        # The host/disk tier under the pool (attach_tier), or None.
+        self.tier: KVTier | None = None
+
+    # --- the tier under the pool ----------------------------------------------
+    def attach_tier(self, tier: KVTier) -> None:
+        """Put `tier` under the pool: evictions offload into it, lookups continue into it."""
+        self.tier = tier
+        self.pool.on_evict = tier.offload
+        history = self.history
+        if history is None:
+            return
+        for h in tier.persisted_hashes():  # computed before a restart: a miss there is an eviction
+            history.computed.add(h)
+        # The history must outlive what the tier holds, or a tier miss reads as "never seen".
+        capacity = tier.capacity_blocks
+        for s in (history.computed, history.unsalted, history.tier_dropped):
+            s.capacity = min(max(s.capacity, 2 * capacity + 8 * self.pool.num_blocks), 1 << 20)
+        tier.on_drop = history.tier_dropped.add
+
+    def _continue_in_tier(self, seq: Sequence, hits: list[Block], max_blocks: int,
+                          budget: int | None = None) -> list[Block]:
+        """Extend a run of pool hits through the tier (and the pool again after a restored
+        run), up to max_blocks, restoring at most `budget` blocks. Restored blocks are
+        counted as cached tokens by the request that admits them."""
+        tier = self.tier
+        assert tier is not None
+        pool, hashes = self.pool, seq.block_hashes
+        hits = list(hits)
+        budget = max_blocks if budget is None else budget
+        while len(hits) < max_blocks:
+            b = pool.lookup(hashes[len(hits)])
+            if b is not None:
+                hits.append(b)
+                continue
+            restored = tier.restore(pool, hashes[len(hits) : max_blocks], seq.token_ids,
+                                    len(hits), hits, min(budget, max_blocks - len(hits)))
+            if not restored:
+                break
+            budget -= len(restored)
+            hits.extend(restored)
+        return hits
+
+    def prewarm(self, seq: Sequence, max_blocks: int) -> int:
+        """Bring seq's blocks that sit in the tier back into the pool, as cached free blocks,
+        ahead of the request that will use them; at most max_blocks restored (and at most
+        half the pool). Returns how many were restored (0 without a tier)."""
+        if self.tier is None or max_blocks <= 0:
+            return 0
+        self.update_block_hashes(seq)
+        before = self.tier.restores
+        budget = min(max_blocks, self.pool.num_blocks // 2)
+        self._continue_in_tier(seq, [], len(seq.block_hashes), budget)
+        return self.tier.restores - before
 
     # --- hashing -------------------------------------------------------------
     def _extra_keys(self, seq: Sequence) -> tuple:
@@ -61,7 +112,7 @@ class KVCacheManager:
                 break
             hits.append(b)
         if self.tier is not None and len(hits) < max_blocks:
-            hits = continue_in_tier(self, seq, hits, max_blocks)
+            hits = self._continue_in_tier(seq, hits, max_blocks)
         return hits
 
     def _blocks_for(self, num_tokens: int) -> int:

@@ -14,6 +14,10 @@ size, the block's shape and a checksum of its payload; a file that is foreign (a
 model, dtype or layout) is skipped when the directory is scanned, and one whose
 checksum fails is skipped when read, both with a warning, never loaded.
 
+KVCacheManager owns the tier and calls it (attach_tier, lookups, prewarm), handing it
+the pool and the hashes it needs as arguments; the tier never reads the manager
+(tests/test_architecture.py holds this).
+
 On CUDA, blocks are copied to pinned host memory and back; on CPU the pool already
 lives in host memory, so the memory tier is a plain copy.
 """
@@ -28,7 +32,7 @@ import os
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -240,8 +244,8 @@ class KVTier:
                 "shape": list(self.block_shape),
             })
         # Told each hash the tier lets go of (memory and disk), so a miss can say it was
-        # evicted here too; set by attach_tier.
-        self.on_drop = None
+        # evicted here too; set by KVCacheManager.attach_tier.
+        self.on_drop: Callable[[bytes], None] | None = None
         self.offloads = 0  # blocks copied out of the pool
         self.restores = 0  # blocks copied back into the pool
         self.restore_seconds = Histogram(RESTORE_BUCKETS)  # per restored run, reads included
@@ -249,6 +253,18 @@ class KVTier:
     # --- what it holds -------------------------------------------------------
     def __contains__(self, block_hash: bytes) -> bool:
         return block_hash in self.memory or (self.disk is not None and block_hash in self.disk)
+
+    @property
+    def capacity_blocks(self) -> int:
+        """How many blocks memory and disk hold together, at most."""
+        capacity = self.memory_bytes // self.block_bytes
+        if self.disk is not None:
+            capacity += self.disk.max_bytes // self.block_bytes
+        return capacity
+
+    def persisted_hashes(self) -> Iterator[bytes]:
+        """The hashes on disk, oldest use first: blocks computed before a restart."""
+        return iter(self.disk.index) if self.disk is not None else iter(())
 
     @property
     def memory_used_bytes(self) -> int:
@@ -391,61 +407,8 @@ class KVTier:
             self.disk.clear()
 
 
-def continue_in_tier(kv, seq, hits: list[Block], max_blocks: int,
-                     budget: int | None = None) -> list[Block]:
-    """Extend a run of pool hits through the tier (and the pool again after a restored
-    run), up to max_blocks, restoring at most `budget` blocks; `kv` is the
-    KVCacheManager. Restored blocks are counted as cached tokens by the request that
-    admits them."""
-    pool, tier, hashes = kv.pool, kv.tier, seq.block_hashes
-    hits = list(hits)
-    budget = max_blocks if budget is None else budget
-    while len(hits) < max_blocks:
-        b = pool.lookup(hashes[len(hits)])
-        if b is not None:
-            hits.append(b)
-            continue
-        restored = tier.restore(pool, hashes[len(hits) : max_blocks], seq.token_ids, len(hits),
-                                hits, min(budget, max_blocks - len(hits)))
-        if not restored:
-            break
-        budget -= len(restored)
-        hits.extend(restored)
-    return hits
-
-
-def prewarm(kv, seq, max_blocks: int) -> int:
-    """Bring seq's blocks that sit in the tier back into the pool, as cached free blocks,
-    ahead of the request that will use them; at most max_blocks restored (and at most
-    half the pool). Returns how many were restored."""
-    if kv.tier is None or max_blocks <= 0:
-        return 0
-    kv.update_block_hashes(seq)
-    before = kv.tier.restores
-    budget = min(max_blocks, kv.pool.num_blocks // 2)
-    continue_in_tier(kv, seq, [], len(seq.block_hashes), budget)
-    return kv.tier.restores - before
-
-
 def build_tier(config, kv_cache: torch.Tensor, model_id: str) -> KVTier | None:
     """The tier an EngineConfig asks for (kv_offload_bytes, kv_dir), or None."""
     if not config.enable_prefix_caching or (config.kv_offload_bytes <= 0 and not config.kv_dir):
         return None
     return KVTier(kv_cache, config.kv_offload_bytes, config.kv_dir, config.kv_dir_bytes, model_id)
-
-
-def attach_tier(kv, tier: KVTier) -> None:
-    """Put `tier` under kv's pool: evictions offload into it, lookups continue into it."""
-    kv.tier = tier
-    kv.pool.on_evict = tier.offload
-    history = kv.history
-    if history is None:
-        return
-    capacity = tier.memory_bytes // tier.block_bytes
-    if tier.disk is not None:
-        capacity += tier.disk.max_bytes // tier.block_bytes
-        for h in tier.disk.index:  # computed before a restart: a miss there is an eviction
-            history.computed.add(h)
-    for s in (history.computed, history.unsalted, history.tier_dropped):
-        s.capacity = min(max(s.capacity, 2 * capacity + 8 * kv.pool.num_blocks), 1 << 20)
-    tier.on_drop = history.tier_dropped.add

@@ -13,7 +13,7 @@ from inference.cpu_allocator import release_free_heap
 from inference.detokenizer import detokenize_incrementally, find_stop_string
 from inference.grammar import GrammarCompiler, mask_logits
 from inference.kv_cache_manager import KVCacheManager
-from inference.kv_offload import attach_tier, build_tier, prewarm
+from inference.kv_offload import build_tier
 from inference.loader import auto_weight_dtype, load_weights, resolve_model_path
 from inference.metrics import EngineMetrics
 from inference.miss_reason import SALT
@@ -87,7 +87,7 @@ class LLMEngine:
         # The host/disk tier under the pool (None unless kv_offload_bytes or kv_dir).
         self.kv_tier = build_tier(config, self.runner.kv_cache, self.kv.model_id)
         if self.kv_tier is not None:
-            attach_tier(self.kv, self.kv_tier)
+            self.kv.attach_tier(self.kv_tier)
         self.scheduler = Scheduler(config, self.kv)
         self.eos_token_ids = self._eos_ids()
         self.requests: dict[str, list[Sequence]] = {}
@@ -320,7 +320,7 @@ class LLMEngine:
         if any(not isinstance(t, int) for t in ids):
             raise InvalidRequestError("token ids must be integers", "prompt")
         seq = Sequence("prewarm", 0, ids, SamplingParams(), cache_salt)
-        return prewarm(self.kv, seq, max_blocks)
+        return self.kv.prewarm(seq, max_blocks)
 
     def persist_kv(self, max_blocks: int | None = None) -> int:
         """Write cached pool blocks to the tier's directory (kv_dir) so a restarted engine

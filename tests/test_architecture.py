@@ -178,3 +178,65 @@ def test_one_prompt_builder_per_tokenizer():
 def test_one_start_up_module_for_daphne_and_the_worker():
     for name in ("start_sampler", "preload_in_background"):
         assert _callers_of(name) == {"chatapp.startup"}, name
+
+
+# --- the KV tier is the manager's collaborator, never its reader -------------------
+MANAGER = ROOT / "inference" / "kv_cache_manager.py"
+TIER = ROOT / "inference" / "kv_offload.py"
+POOL = ROOT / "inference" / "block_pool.py"
+
+
+def _members(source: str, classes: set[str] | None = None) -> set[str]:
+    """What the module's classes (or those named) define: methods, and attributes set on
+    self anywhere in the class."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef) or (classes is not None and node.name not in classes):
+            continue
+        out.update(f.name for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef))
+        out.update(
+            a.attr for a in ast.walk(node)
+            if isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Store)
+            and isinstance(a.value, ast.Name) and a.value.id == "self"
+        )
+    return out
+
+
+def _reaches_into_manager(source: str) -> list[str]:
+    """Where `source` imports the manager, names it, or reads or writes one of its members.
+    Names the pool and its blocks also define are allowed: the manager hands the tier its
+    pool as an argument (BlockPool.enable_caching is not the manager's)."""
+    manager_only = _members(MANAGER.read_text(), {"KVCacheManager"}) - _members(POOL.read_text())
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            modules = [node.module or "", *(a.name for a in node.names)]
+        else:
+            modules = []
+        if any("kv_cache_manager" in m or m == "KVCacheManager" for m in modules):
+            found.append(f"line {node.lineno}: imports the manager")
+        elif isinstance(node, ast.Name) and node.id == "KVCacheManager":
+            found.append(f"line {node.lineno}: names KVCacheManager")
+        elif isinstance(node, ast.Attribute) and node.attr in manager_only:
+            found.append(f"line {node.lineno}: .{node.attr}")
+    return found
+
+
+def test_the_kv_tier_does_not_touch_the_managers_fields():
+    # KVCacheManager owns the tier and calls it, passing the pool and hashes it needs;
+    # a tier that reads the manager from below couples the two layers again (issue 29).
+    assert _reaches_into_manager(TIER.read_text()) == []
+
+
+def test_the_tier_rule_catches_a_reach_into_the_manager():
+    # The shape the tier had before: free functions taking the manager as `kv`.
+    assert {"pool", "tier", "history"} <= _members(MANAGER.read_text(), {"KVCacheManager"})
+    old = ("def prewarm(kv, seq, n):\n"
+           "    kv.update_block_hashes(seq)\n"
+           "    return kv.tier.restores + kv.pool.num_blocks\n")
+    assert {f.split(": ")[1] for f in _reaches_into_manager(old)} == {
+        ".tier", ".pool", ".update_block_hashes"}  # .num_blocks is the pool's: allowed
+    assert _reaches_into_manager("from inference.kv_cache_manager import KVCacheManager\n")
+    assert _reaches_into_manager("def f(pool):\n    return pool.enable_caching\n") == []

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from inference.kv_cache_manager import KVCacheManager
-from inference.kv_offload import DiskStore, KVTier, attach_tier, prewarm
+from inference.kv_offload import DiskStore, KVTier
 from inference.sampling_params import SamplingParams
 from inference.sequence import Sequence
 
@@ -32,7 +32,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         # + 100, -1 where nothing was written. The tier copies these values out and back.
         self.cache = torch.full((2, 1, NUM_BLOCKS, BS, 1, 1), -1.0)
         self.tier = self.make_tier()
-        attach_tier(self.kv, self.tier)
+        self.kv.attach_tier(self.tier)
         self.live: list[Sequence] = []
         # The tokens each computed block hash names.
         self.known: dict[bytes, list[int]] = {}
@@ -165,7 +165,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         """Bring a prompt's blocks back from the tier ahead of a request."""
         seq = Sequence("prewarm", 0, prefix + tail, SamplingParams(), salt)
         free_before = self.kv.pool.num_free_blocks
-        restored = prewarm(self.kv, seq, max_blocks)
+        restored = self.kv.prewarm(seq, max_blocks)
         assert restored <= max_blocks
         assert self.kv.pool.num_free_blocks == free_before  # restored blocks stay free
 
