@@ -127,7 +127,7 @@ def preset_rows(*, since: datetime | None = None) -> list[dict]:
 def receipt_text(receipt: dict | None) -> str:
     """A receipt in a few words, as the chat page's usage line shows it."""
     if not receipt:
-        return "—"
+        return "no receipt"
     text = shown_reason(receipt.get("reason", "?"), receipt.get("matched_tokens") or 0)
     if text == "evicted" and receipt.get("evicted_from"):
         text += f" from {receipt['evicted_from']}"

@@ -1,4 +1,6 @@
-"""Formatting for the dashboard: rates as percentages, seconds as milliseconds, "—" for none."""
+"""Formatting for the dashboard: rates as percentages, seconds as milliseconds, and a word
+for a missing value that says why it is missing (the template passes it; "n/a" when no
+word fits better)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from django import template
 
 register = template.Library()
 
-NONE = "—"
+MISSING = "n/a"
 
 
 def _missing(value) -> bool:
@@ -14,13 +16,13 @@ def _missing(value) -> bool:
 
 
 @register.filter
-def pct(value) -> str:
-    return NONE if _missing(value) else f"{float(value) * 100:.1f}%"
+def pct(value, missing: str = MISSING) -> str:
+    return missing if _missing(value) else f"{float(value) * 100:.1f}%"
 
 
 @register.filter
-def ms(value) -> str:
-    return NONE if _missing(value) else f"{float(value) * 1000:.0f} ms"
+def ms(value, missing: str = MISSING) -> str:
+    return missing if _missing(value) else f"{float(value) * 1000:.0f} ms"
 
 
 @register.filter
@@ -33,5 +35,6 @@ def share(part, whole) -> str:
 
 
 @register.filter
-def dash(value):
-    return NONE if _missing(value) else value
+def otherwise(value, missing: str = MISSING):
+    """The value, or the word for its absence."""
+    return missing if _missing(value) else value

@@ -35,7 +35,7 @@ def test_quantiles():
 
 def test_why_a_match_ended_is_the_receipt_in_words():
     text = selectors.receipt_text
-    assert text(None) == "—"
+    assert text(None) == "no receipt"
     assert text({"reason": "full", "matched_tokens": 160, "tier_tokens": 0}) == "full"
     # The engine's own record calls new tokens after a reused prefix cold: that is full.
     assert text({"reason": "cold", "matched_tokens": 64, "tier_tokens": 0}) == "full"
@@ -336,3 +336,27 @@ def test_the_page_has_jump_links_and_no_placeholder_for_missing_restores(staff_c
     assert len(targets) == 6
     for target in targets:
         assert f'id="{target}"' in page, target
+
+
+@pytest.mark.django_db
+def test_missing_figures_are_said_in_words_never_a_dash(staff_client):
+    def text() -> str:
+        page = staff_client.get("/admin/cache/").content.decode()
+        return re.sub(r"<[^>]+>", " ", page)
+
+    empty = text()  # no engine has reported, no request, no reply
+    assert "—" not in empty and "&mdash;" not in empty
+    # An engine with no requests and no blocks: rates and TTFTs that cannot exist yet.
+    sampling.snapshot_record(snapshot=fake_snapshot(
+        "worker-1", prefix_cache_queries=0, prefix_cache_hits=0, hit_rate=None,
+        blocks_total=0, blocks_used=0, blocks_cached_free=0, blocks_free=0,
+        kv_cache_usage=None, requests_finished=0, recent_requests=[]))
+    idle = text()
+    assert "—" not in idle and "&mdash;" not in idle
+    assert "no requests yet" in idle and "none yet" in idle
+    # A request without a preset, a receipt, a TTFT or a finish reason.
+    sampling.snapshot_record(snapshot=fake_snapshot("worker-1", recent_requests=[
+        {"request_id": "api-1", "prompt_tokens": 10, "cached_tokens": 0}]))
+    bare = text()
+    assert "—" not in bare and "&mdash;" not in bare
+    assert "no receipt" in bare and "no token" in bare
