@@ -151,31 +151,42 @@ class MessageListView(APIView):
         conversation = _conversation(request, conversation_id)
         body = MessageCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        # A reply whose process died must not hold the conversation busy.
-        orphans.recover(conversation=conversation)
-        slot = _slot(request)
-        try:
+        def send():
             user_msg, reply = chat_services.message_send(
                 conversation=conversation,
                 content=body.validated_data["content"],
                 parent_id=body.validated_data["parent_id"],
             )
-            first = {
+            return (user_msg, reply), {
                 "type": "message.created",
                 "user_message": MessageSerializer(user_msg).data,
                 "reply": MessageSerializer(reply).data,
             }
-            response, slot = _generate(conversation, reply, first, slot,
-                                       stream=body.validated_data["stream"])
-        finally:
-            if slot is not None:
-                slot.release()
+
+        (user_msg, reply), response = _run_turn(request, conversation, send,
+                                                stream=body.validated_data["stream"])
         if response is not None:
             return response
         user_msg.refresh_from_db()
         reply.refresh_from_db()
         data = {"user_message": user_msg, "reply": reply}
         return Response(TurnSerializer(data).data, status=status.HTTP_201_CREATED)
+
+
+def _run_turn(request: Request, conversation, make, *, stream: bool):
+    """Make a turn's messages with make() -> (messages, its first event), the reply last,
+    and generate the reply under the key's slot. A dead process's reply is finished first,
+    so it cannot hold the conversation busy. (messages, the SSE response or None once the
+    reply has ended)."""
+    orphans.recover(conversation=conversation)
+    slot = _slot(request)
+    try:
+        messages, first = make()
+        response, slot = _generate(conversation, messages[-1], first, slot, stream=stream)
+    finally:
+        if slot is not None:
+            slot.release()
+    return messages, response
 
 
 def _slot(request: Request):
@@ -251,17 +262,13 @@ class MessageContinueView(APIView):
         conversation = _conversation(request, conversation_id)
         body = MessageContinueSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        orphans.recover(conversation=conversation)
-        slot = _slot(request)
-        try:
+        def resume():
             reply = chat_services.message_continue(conversation=conversation,
                                                    message_id=message_id)
-            first = {"type": "message.created", "reply": MessageSerializer(reply).data}
-            response, slot = _generate(conversation, reply, first, slot,
+            return (reply,), {"type": "message.created", "reply": MessageSerializer(reply).data}
+
+        (reply,), response = _run_turn(request, conversation, resume,
                                        stream=body.validated_data["stream"])
-        finally:
-            if slot is not None:
-                slot.release()
         if response is not None:
             return response
         reply.refresh_from_db()
