@@ -8,7 +8,7 @@ from __future__ import annotations
 from celery.signals import worker_process_init
 
 from chatapp.dashboard.sampling import start_sampler
-from chatapp.generation.engine import preload_in_background
+from chatapp.generation.embedded import preload_in_background
 from chatapp.generation.orphans import start_sweeper
 
 

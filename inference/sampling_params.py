@@ -19,7 +19,7 @@ def check_context_length(prompt_tokens: int, max_model_len: int,
     """The context rule and its wording (OpenAI's), owned here: the prompt leaves room for
     at least one generated token, and for `max_tokens` of them when a caller asked for
     that many. LLMEngine.validate applies the first part to every request; a caller that
-    knows an explicit max_tokens (chatapp.generation.requests) applies both."""
+    knows an explicit max_tokens (chatapp.generation.jobs) applies both."""
     if prompt_tokens >= max_model_len:
         raise InvalidRequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, your "

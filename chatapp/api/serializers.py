@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from chatapp.chat.errors import InvalidInput
 from chatapp.chat.models import Conversation, Message
-from chatapp.chat.serializers import usage_dict
+from chatapp.chat.payloads import usage_dict
 from chatapp.chat.services import validate_title, validate_user_text
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chatapp.generation.engine import loaded_engine as local_engine
+from chatapp.generation.embedded import loaded_engine as local_engine
 
 
 def engine_identity(engine: Any) -> dict[str, str]:

@@ -17,7 +17,7 @@ from chatapp.celery import app as celery_app
 from chatapp.chat.errors import ChatError
 from chatapp.chat.models import Message
 from chatapp.generation import lifecycle, registry, router
-from chatapp.generation.engine import loaded_engine
+from chatapp.generation.embedded import loaded_engine
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from django.db import close_old_connections
 
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Conversation, Message
-from chatapp.chat.serializers import message_dict
+from chatapp.chat.payloads import message_dict
 from chatapp.generation.events import publish
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 The prompt holds no limit of its own: how many tokens the reply may take, and
 whether the prompt fits at all, is decided against the engine that runs it
-(chatapp.generation.requests and the engine's add_request).
+(chatapp.generation.jobs and the engine's add_request).
 """
 
 from __future__ import annotations

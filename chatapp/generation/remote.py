@@ -21,8 +21,8 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from chatapp.generation import dispatch, registry
-from chatapp.generation.engine import aget_engine
-from chatapp.generation.requests import Job, run_here
+from chatapp.generation.embedded import aget_engine
+from chatapp.generation.jobs import Job, run_here
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ from django.conf import settings
 from chatapp.chat import selectors
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Conversation, Message
-from chatapp.chat.serializers import message_dict
+from chatapp.chat.payloads import message_dict
 from chatapp.generation import dispatch, lifecycle, orphans, prompting, receipts
-from chatapp.generation.engine import aget_engine, loaded_engine
+from chatapp.generation.embedded import aget_engine, loaded_engine
 from chatapp.generation.events import DeltaBatcher, publish
-from chatapp.generation.requests import Generation, Job, Options, run_here
+from chatapp.generation.jobs import Generation, Job, Options, run_here
 from chatapp.prompts.services import builder_for, cache_salt_for
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from chatapp.generation import registry, remote, replies
-from chatapp.generation.engine import loaded_engine
+from chatapp.generation.embedded import loaded_engine
+from chatapp.generation.jobs import Job
 from chatapp.generation.lifecycle import Claim, reply_claim
-from chatapp.generation.requests import Job
 
 log = logging.getLogger(__name__)
 

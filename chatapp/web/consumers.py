@@ -46,7 +46,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from chatapp.api import json_body
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, InvalidInput, NotFound
-from chatapp.chat.serializers import conversation_dict, message_dict
+from chatapp.chat.payloads import conversation_dict, message_dict
 from chatapp.echo import ECHO_MAX_CHARS, quoted
 from chatapp.generation import orphans, replies
 from chatapp.generation.events import publish

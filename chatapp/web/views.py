@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, NotFound
 from chatapp.chat.models import Conversation
-from chatapp.chat.serializers import conversation_dict, message_dict
+from chatapp.chat.payloads import conversation_dict, message_dict
 from chatapp.generation import orphans, replies
 from chatapp.prompts import catalog
 

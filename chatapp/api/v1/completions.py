@@ -1,5 +1,5 @@
 """Chat completions: an OpenAI-style request through the chat's block-aligned prompt path
-to a generation (chatapp.generation.requests), here or on a worker, and back as OpenAI
+to a generation (chatapp.generation.jobs), here or on a worker, and back as OpenAI
 bodies, under the key's tenant salt (remembered reply ids: docs/api.md, "Getting
 prefix-cache hits").
 """
@@ -26,8 +26,8 @@ from chatapp.api.v1.tool_params import calls_key
 from chatapp.chat.errors import sentence
 from chatapp.echo import quoted
 from chatapp.generation import dispatch, receipts, remote, router
-from chatapp.generation.engine import aget_tokenizer
-from chatapp.generation.requests import Generation, Job, Options, run_here, stop_token_ids
+from chatapp.generation.embedded import aget_tokenizer
+from chatapp.generation.jobs import Generation, Job, Options, run_here, stop_token_ids
 from chatapp.prompts import tools as tools_convention
 from chatapp.prompts.errors import PromptError
 from chatapp.prompts.services import builder_for, cache_salt_for
@@ -126,7 +126,7 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
         ),
         affinity=router.conversation_key(cache_salt=salt, plan=plan),
     )
-    # The ids the engine stops on (chatapp.generation.requests), the EOS included.
+    # The ids the engine stops on (chatapp.generation.jobs), the EOS included.
     return Prepared(job=job, tenant=tenant, stop_token_ids=stop_token_ids(tokenizer),
                     forced_ids=list(forced), convention=convention)
 

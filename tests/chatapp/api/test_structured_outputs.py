@@ -161,7 +161,7 @@ def test_a_schema_we_cannot_enforce_is_refused_before_any_job():
 def test_a_job_carries_its_schema_as_text_to_a_worker():
     import dataclasses
 
-    from chatapp.generation.requests import Job, Options
+    from chatapp.generation.jobs import Job, Options
 
     job = Job(prompt_ids=(1, 2), cache_salt="s", options=Options(json_schema=json.dumps(SCHEMA)))
     sent = json.loads(json.dumps(dataclasses.asdict(job)))  # as the Celery task gets it

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from chatapp.chat import services
 from chatapp.chat.models import Message
-from chatapp.generation.engine import get_engine
+from chatapp.generation.embedded import get_engine
 
 from .wsclient import RECEIVE_TIMEOUT, connect, created_reply_id, is_done, receive, receive_until
 

@@ -98,7 +98,7 @@ async def test_another_tenant_s_blocks_read_as_cold(alice, django_user_model):
 def test_a_receipt_stored_before_issue_26_shows_no_other_tenant():
     """Replies stored when the engine still said "salt" are shown as the tenant's "cold"
     by the one serializer of the page, the WebSocket and the conversations API."""
-    from chatapp.chat.serializers import usage_dict
+    from chatapp.chat.payloads import usage_dict
 
     stored = {"reason": "salt", "matched_tokens": 0, "tier_tokens": 0, "evicted_from": None}
     reply = Message(role=Message.Role.ASSISTANT, prompt_tokens=40, prefix_cache=stored)

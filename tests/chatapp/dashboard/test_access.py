@@ -18,7 +18,7 @@ ADMIN_PAGES = ["/admin/cache/", "/admin/cache/data/", "/admin/cache/reset/worker
 @pytest.fixture(autouse=True)
 def no_local_engine(monkeypatch):
     """These tests never load the model: this process hosts no engine."""
-    from chatapp.generation import engine as host
+    from chatapp.generation import embedded as host
 
     monkeypatch.setattr(host, "_engine", None)
 
@@ -85,7 +85,7 @@ def test_healthz_is_alive_and_readyz_wants_a_model(client):
 
 
 def test_readyz_is_ready_with_a_model_and_a_database(client, monkeypatch):
-    from chatapp.generation import engine as host
+    from chatapp.generation import embedded as host
 
     monkeypatch.setattr(host, "_engine", object())
     response = client.get("/readyz")
@@ -95,7 +95,7 @@ def test_readyz_is_ready_with_a_model_and_a_database(client, monkeypatch):
 def test_readyz_says_which_kernel_path_and_dtypes_the_loaded_engine_took(client, monkeypatch):
     from types import SimpleNamespace
 
-    from chatapp.generation import engine as host
+    from chatapp.generation import embedded as host
     from kernels.cpu_features import cpu_path
 
     # Shaped like AsyncEngine: the kernel path is on the LLMEngine it wraps.
@@ -111,7 +111,7 @@ def test_readyz_says_which_kernel_path_and_dtypes_the_loaded_engine_took(client,
 
 
 def test_readyz_checks_redis_where_configured(client, monkeypatch, settings):
-    from chatapp.generation import engine as host
+    from chatapp.generation import embedded as host
 
     monkeypatch.setattr(host, "_engine", object())
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1

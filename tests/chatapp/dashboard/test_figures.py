@@ -17,7 +17,7 @@ from .conftest import fake_snapshot
 
 @pytest.fixture(autouse=True)
 def no_local_engine(monkeypatch):
-    from chatapp.generation import engine as host
+    from chatapp.generation import embedded as host
 
     monkeypatch.setattr(host, "_engine", None)
 
@@ -152,7 +152,7 @@ def test_the_worker_carries_out_a_requested_reset_at_its_next_sample(monkeypatch
         def reset_prefix_cache(self):
             self.resets += 1
 
-    from chatapp.generation import engine as host
+    from chatapp.generation import embedded as host
 
     sampling.snapshot_record(snapshot=fake_snapshot("worker-1"))
     EngineStatus.objects.update(reset_requested_at=timezone.now())
@@ -169,7 +169,7 @@ def test_a_worker_reports_its_kernel_path_and_it_is_shown_and_exported(client, s
                                                                      monkeypatch):
     from types import SimpleNamespace
 
-    from chatapp.generation import engine as host
+    from chatapp.generation import embedded as host
     from kernels.cpu_features import cpu_path
 
     # The worker's side: its sample carries the path its own process took.
@@ -217,7 +217,7 @@ def test_a_failing_sample_never_raises(monkeypatch):
         def metrics(self):
             raise RuntimeError("boom")
 
-    from chatapp.generation import engine as host
+    from chatapp.generation import embedded as host
 
     monkeypatch.setattr(host, "_engine", BrokenEngine())
     assert sampling.Sampler(interval=1).run_once() is False

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Message
-from chatapp.generation.engine import get_engine
+from chatapp.generation.embedded import get_engine
 from chatapp.generation.replies import run_reply
 from chatapp.prompts.services import PromptBuilder
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from chatapp.generation.requests import Job, Options, sampling_params
+from chatapp.generation.jobs import Job, Options, sampling_params
 from inference import InvalidRequestError
 from inference.sampling_params import check_context_length
 

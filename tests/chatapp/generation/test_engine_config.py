@@ -3,7 +3,7 @@ environment is what the engine loads with."""
 
 from __future__ import annotations
 
-from chatapp.generation.engine import engine_config
+from chatapp.generation.embedded import engine_config
 
 
 def test_weight_dtype_and_packing_reach_the_engine(settings):

@@ -10,7 +10,7 @@ from channels.layers import get_channel_layer
 from chatapp.chat import services
 from chatapp.chat.models import Message
 from chatapp.generation import replies as generation
-from chatapp.generation.engine import get_engine
+from chatapp.generation.embedded import get_engine
 from chatapp.generation.events import DeltaBatcher
 from chatapp.prompts.profile import recent_prompts
 from chatapp.prompts.services import PromptBuilder

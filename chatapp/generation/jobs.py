@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from chatapp.generation.engine import aget_engine
+from chatapp.generation.embedded import aget_engine
 from chatapp.prompts.services import builder_for
 
 
