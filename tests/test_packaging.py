@@ -25,12 +25,24 @@ def test_the_c_kernel_sources_ship_with_the_package():
     import tomllib
     from pathlib import Path
 
-    from kernels import cpu_kernels
+    from kernels import cpu_kernels, f32_kernels
 
     pyproject = Path(__file__).parents[1] / "pyproject.toml"
     globs = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]
     globs = globs["package-data"]["kernels"]
     package = Path(cpu_kernels.__file__).parent
-    for path in cpu_kernels.SOURCES + cpu_kernels.HEADERS:
-        name = path.relative_to(package).as_posix()
-        assert any(fnmatch.fnmatch(name, g) for g in globs), name
+    for lib in (cpu_kernels, f32_kernels):
+        for path in lib.SOURCES + lib.HEADERS:
+            name = path.relative_to(package).as_posix()
+            # fnmatch's * crosses "/": compare directory by directory.
+            assert any(fnmatch.fnmatch(name, g) and name.count("/") == g.count("/")
+                       for g in globs), name
+
+
+def test_bench_stays_out_of_the_wheel():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).parents[1] / "pyproject.toml"
+    found = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert not any(p.startswith("bench") for p in found["include"])
