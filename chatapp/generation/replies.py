@@ -8,6 +8,7 @@ tier ahead of its next message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -211,6 +212,10 @@ async def run_reply(reply_id: int, *, lease: str = "") -> dict:
     stop asked for by another process is polled for."""
     _running.add(reply_id)
     runner = orphans.this_runner()
+    # The model first: a load can starve the heartbeat for longer than CHAT_ORPHAN_S, and
+    # a reply named as ours would then look dead. A load that fails is reported below.
+    with contextlib.suppress(Exception):
+        await aget_engine()
     if not lease and not await database_sync_to_async(lifecycle.reply_take)(reply_id=reply_id):
         _running.discard(reply_id)
         return await database_sync_to_async(_final_dict)(reply_id)

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from chatapp.generation import registry, remote, replies
-from chatapp.generation.embedded import loaded_engine
+from chatapp.generation.embedded import get_engine, loaded_engine
 from chatapp.generation.jobs import Job
 from chatapp.generation.lifecycle import Claim, reply_claim
 
@@ -87,6 +87,11 @@ def generate(reply_id: int, *, holder: str) -> dict:
     means another live generation holds the reply and the caller should try again later.
     """
     close_old_connections()
+    # The model first (a fresh pool child loads it now): a load can starve the reply's
+    # heartbeat for longer than CHAT_ORPHAN_S, and a claimed reply would then look dead.
+    # Unclaimed, it waits as a queued one. A load that fails is reported by run_reply.
+    with contextlib.suppress(Exception):
+        get_engine()
     # With one pool child, prefetch 1 and late acks, this worker gets no other task while
     # it generates: a reply it holds already was left by a child that was killed.
     outcome, lease = reply_claim(reply_id=reply_id, holder=holder, reclaim_own=_concurrency == 1)

@@ -14,7 +14,10 @@ from chatapp.chat import services as chat_services
 from chatapp.chat.models import Message
 from chatapp.generation import dispatch
 
-pytestmark = pytest.mark.django_db
+# The view runs replies.start through async_to_sync, whose database calls run in another
+# context: the rows must be committed (a test transaction would hide them, and Django
+# closes a connection it finds inside one).
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

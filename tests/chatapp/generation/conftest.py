@@ -220,7 +220,8 @@ def cluster_env(broker_url: str, layer_url: str, shared_queue: str) -> dict:
         "CHAT_HEARTBEAT_S": "0.3",
         "CHAT_ORPHAN_S": "5",
         "CHAT_ORPHAN_SWEEP_S": "1",
-        "CHAT_STALE_REPLY_S": "5",
+        # A queued reply waits for a worker whose fresh child may still be loading.
+        "CHAT_STALE_REPLY_S": "60",
         "CHAT_STOP_POLL_S": "0.2",
         "CELERY_WORKER_HEARTBEAT_S": "1",
         "CELERY_VISIBILITY_TIMEOUT": "12",
