@@ -34,8 +34,9 @@ _stop_requested: set[int] = set()
 _running: set[int] = set()
 # Replies whose claim another generation took over: this process aborts and goes quiet.
 _superseded: set[int] = set()
-# What each running reply holds so far, for its heartbeat to persist (see _heartbeat).
-_progress: dict[int, dict] = {}
+# Each running reply's latest output (with its builder and prepared prompt), for its
+# heartbeat to persist (see _heartbeat); the columns are built only when it does.
+_progress: dict[int, tuple] = {}
 
 
 class ReplyFailed(Exception):
@@ -250,7 +251,8 @@ async def _heartbeat(reply_id: int, runner: str, lease: str = "") -> None:
     while True:
         await asyncio.sleep(settings.CHAT_HEARTBEAT_S)
         # Taken now: the fields describe one moment even if the loop writes on meanwhile.
-        progress = _progress.pop(reply_id, None)
+        latest = _progress.pop(reply_id, None)
+        progress = _progress_fields(*latest) if latest is not None else None
         if not await persist(reply_id=reply_id, runner=runner, lease=lease, progress=progress):
             # Another worker took the reply over, or it was finished as interrupted (our
             # process looked dead): stop generating it, say nothing more about it.
@@ -312,7 +314,7 @@ async def _run_reply(reply_id: int, lease: str, runner: str) -> dict:
         if reply_id not in _stop_requested:
             async for out in Generation(job, run_here).outputs():
                 last = out
-                _progress[reply_id] = _progress_fields(builder, prepared, out)
+                _progress[reply_id] = (builder, prepared, out)
                 if reply_id in _stop_requested and not out.finished:
                     # The stop came while the prompt was being built, before the engine
                     # knew this request id; abort now, the stream then ends with "abort".

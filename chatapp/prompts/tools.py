@@ -159,10 +159,5 @@ def convention_for(chat_format) -> Hermes:
     return CONVENTIONS[getattr(chat_format, "tool_calls", "hermes")]
 
 
-# The default (ChatML) convention's functions, for callers without a format at hand.
+# The ChatML models' convention, for callers without a chat format at hand.
 HERMES = CONVENTIONS["hermes"]
-call_text = HERMES.call_text
-response_text = HERMES.response_text
-system_with_tools = HERMES.system_with_tools
-parse_calls = HERMES.parse_calls
-held_back = HERMES.held_back
