@@ -11,7 +11,7 @@ from django.db.models import Count, QuerySet
 
 from chatapp.chat import selectors as chat_selectors
 from chatapp.chat.models import Conversation, Message
-from chatapp.generation import replies
+from chatapp.generation import orphans, replies
 
 
 def conversation_queryset(
@@ -32,8 +32,10 @@ def children_map(messages: list[Message]) -> dict[int, list[int]]:
 
 
 def message_tree(*, conversation: Conversation) -> dict:
-    """Every message (all branches) with its parent and children: the tree in flat form."""
-    messages = chat_selectors.conversation_messages(conversation=conversation)
+    """Every message (all branches) with its parent and children: the tree in flat form.
+    A reply whose process died reads interrupted (a read writes nothing)."""
+    messages = orphans.as_read(chat_selectors.conversation_messages(conversation=conversation),
+                               conversation=conversation)
     return {
         "conversation_id": conversation.pk,
         "current_leaf_id": conversation.current_leaf_id,

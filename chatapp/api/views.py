@@ -123,7 +123,6 @@ class MessageListView(APIView):
         """Every message of the conversation as a tree in flat form: each message names its
         parent and children; edits and regenerations are siblings."""
         conversation = _conversation(request, conversation_id)
-        orphans.recover(conversation=conversation)  # a dead process's reply reads interrupted
         tree = conversations.message_tree(conversation=conversation)
         return Response(MessageTreeSerializer(tree, context={"children": tree["children"]}).data)
 

@@ -5,7 +5,9 @@ writes that name on the replies it runs. A reply is an orphan when its process i
 dead (same host, pid gone or reused by a new process) or when it went untouched for
 CHAT_ORPHAN_S while its generation persists it every CHAT_HEARTBEAT_S (any host). Each
 serving process sweeps at start-up (its predecessor's replies come back at once) and
-then every few seconds; a send, an open conversation and a worker's claim sweep too.
+then every few seconds; a send, a page's socket and a worker's claim sweep too. A read
+(a GET) writes nothing: it shows an orphan as interrupted (`as_read`) and leaves the
+row to the next sweep.
 """
 
 from __future__ import annotations
@@ -82,6 +84,16 @@ def recover(*, conversation: Conversation | None = None) -> list[int]:
             except Exception:  # the page finds it on its next load
                 log.warning("Announcing interrupted reply %s failed", reply.pk, exc_info=True)
     return ids
+
+
+def as_read(messages: list[Message], *, conversation: Conversation) -> list[Message]:
+    """`messages` as a reader should see them: an orphan among them reads interrupted
+    already, though only a sweep or a write finishes it in the database."""
+    lost = set(orphans(conversation=conversation).values_list("pk", flat=True))
+    for m in messages:
+        if m.pk in lost and m.status in Message.ACTIVE:
+            m.status, m.finish_reason = Message.Status.INTERRUPTED, "interrupted"
+    return messages
 
 
 def _sweep_forever(period_s: float) -> None:

@@ -32,7 +32,8 @@ def _error_page(request: HttpRequest, error: ChatError) -> HttpResponse:
 
 def _tree(conversation) -> dict:
     """The conversation and its whole message tree, as the page's script reads them."""
-    messages = selectors.conversation_messages(conversation=conversation)
+    messages = orphans.as_read(selectors.conversation_messages(conversation=conversation),
+                               conversation=conversation)
     return {"conversation": conversation_dict(conversation),
             "messages": [message_dict(m) for m in messages]}
 
@@ -68,9 +69,7 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def conversation_page(request: HttpRequest, conversation_id: int) -> HttpResponse:
-    conversation = _conversation_or_404(request, conversation_id)
-    orphans.recover(conversation=conversation)
-    return _page(request, conversation)
+    return _page(request, _conversation_or_404(request, conversation_id))
 
 
 @login_required

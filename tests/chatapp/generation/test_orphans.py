@@ -120,3 +120,32 @@ def test_continue_refuses_a_finished_reply_and_one_with_replies_after_it(alice):
         services.message_continue(conversation=conv, message_id=reply.pk)
     with pytest.raises(InvalidInput, match="interrupted, stopped"):
         services.message_continue(conversation=conv, message_id=done.get().pk)
+
+
+def test_a_read_shows_an_orphan_as_interrupted_and_writes_nothing(alice, client):
+    """The page, its messages.json and the API's tree show a dead process's reply as
+    interrupted at once; the row itself is left for the sweep (a GET writes nothing)."""
+    conv, _, reply = streaming_reply(alice, runner=dead_runner())
+    client.force_login(alice)
+    page = client.get(f"/c/{conv.pk}/")
+    tree = client.get(f"/c/{conv.pk}/messages.json").json()
+    assert page.status_code == 200
+    seen = {m["id"]: m for m in tree["messages"]}[reply.pk]
+    assert (seen["status"], seen["can_continue"]) == ("interrupted", True)
+    reply.refresh_from_db()
+    assert reply.status == Message.Status.STREAMING
+    assert orphans.recover(conversation=conv) == [reply.pk]
+
+
+def test_the_api_s_message_tree_shows_an_orphan_as_interrupted_and_writes_nothing(alice):
+    from rest_framework.test import APIClient
+
+    conv, _, reply = streaming_reply(alice, runner=dead_runner())
+    api = APIClient()
+    api.force_authenticate(alice)
+    response = api.get(f"/api/conversations/{conv.pk}/messages/")
+    assert response.status_code == 200, response.content
+    seen = {m["id"]: m for m in response.json()["messages"]}[reply.pk]
+    assert seen["status"] == "interrupted"
+    reply.refresh_from_db()
+    assert reply.status == Message.Status.STREAMING
