@@ -43,7 +43,7 @@ SUBCOMMANDS = {
     "serve": "bench.serve",
     "multiturn": "bench.multiturn",
     "offload": "bench.offload",
-    "plot": "bench.report",
+    "plot": "bench.plot",
     "kernels-cpu": "bench.kernels_cpu",
     "prefill-batch": "bench.prefill_batch",
     "shared-prefix": "bench.shared_prefix",
