@@ -25,7 +25,13 @@ from dataclasses import dataclass
 import torch
 
 from bench import cli
-from bench.engine_runs import decode_figures, greedy, run_engine, time_to_first_token
+from bench.engine_runs import (
+    decode_figures,
+    engine_config,
+    greedy,
+    run_engine,
+    time_to_first_token,
+)
 from bench.hf_runs import hf_generate, load_hf_model, pad_token_id
 from bench.report import progress_log, write_json
 from bench.workloads import (
@@ -70,7 +76,7 @@ def make_prompts(tokenizer, sizes: Sizes) -> Prompts:
     )
 
 
-def engine_config(
+def engine_config_for(
     sizes: Sizes, dtype: str, model: str = DEFAULT_MODEL, prefix_caching: bool = True
 ) -> EngineConfig:
     """A pool and step budget large enough that nothing is chunked or preempted:
@@ -89,12 +95,12 @@ def engine_config(
         conversation,
     )
     max_seqs = max(sizes.prefill_prompts, max_c)
-    return EngineConfig(
-        model=model,
-        dtype=dtype,
+    return engine_config(
+        model,
+        dtype,
         num_blocks=2 * (live_tokens // EngineConfig.block_size + max_seqs) + 64,
-        max_num_batched_tokens=step_tokens,
         max_num_seqs=max_seqs,
+        max_num_batched_tokens=step_tokens,
         enable_prefix_caching=prefix_caching,
     )
 
@@ -302,14 +308,16 @@ def run_bench(
     """Every measurement, as one JSON-ready dict."""
     started = time.perf_counter()
     log(f"loading our engine and transformers ({dtype})")
-    engine = LLMEngine(engine_config(sizes, dtype, model))
+    engine = LLMEngine(engine_config_for(sizes, dtype, model))
     hf_model = load_hf_model(model, dtype)
     prompts = make_prompts(engine.tokenizer, sizes)
     ours, hf, runs = throughput(engine, hf_model, sizes, prompts, rounds)
     del hf_model
     gc.collect()
     log("two-turn check")
-    turns = two_turn(engine, lambda: LLMEngine(engine_config(sizes, dtype, model, False)), sizes)
+    turns = two_turn(
+        engine, lambda: LLMEngine(engine_config_for(sizes, dtype, model, False)), sizes
+    )
     return {
         "environment": environment(dtype, sizes, quick, model, rounds),
         "ours": ours,

@@ -23,8 +23,9 @@ import time
 import torch
 
 from bench import cli
+from bench.engine_runs import engine_config
 from bench.report import write_json
-from inference import EngineConfig, LLMEngine, SamplingParams, llm_engine
+from inference import LLMEngine, SamplingParams, llm_engine
 from inference import grammar as grammar_mod
 
 SCHEMA = {
@@ -121,8 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     cli.set_threads(args.threads)
 
-    engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=max(args.batches),
-                                    num_blocks=64 * max(args.batches)))
+    engine = LLMEngine(engine_config(args.model, "auto", num_blocks=64 * max(args.batches),
+                                     max_num_seqs=max(args.batches)))
     schema = json.dumps(SCHEMA)
     constrained = SamplingParams(max_tokens=args.new_tokens, temperature=0, json_schema=schema)
     free = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)

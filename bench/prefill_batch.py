@@ -24,11 +24,10 @@ import torch
 
 import kernels.attention as attention
 from bench import cli
-from bench.engine_runs import greedy, run_engine
+from bench.engine_runs import engine_config, greedy, run_engine
 from bench.hf_runs import load_hf_model
 from bench.report import progress_log, write_json
 from bench.workloads import TokenSource
-from inference.config import EngineConfig
 from inference.llm_engine import LLMEngine
 
 DEFAULT_OUT = cli.RESULTS / "prefill_batch.json"
@@ -90,12 +89,12 @@ def run(args: argparse.Namespace) -> dict:
     if args.scores != "auto":  # the path this CPU would not take, timed here anyway
         held = {torch.bfloat16, torch.float32} if args.scores == "held-whole" else set()
         attention._HELD_WHOLE_DTYPES = frozenset(held)
-    config = EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
+    config = engine_config(
+        args.model,
+        args.dtype,
+        num_blocks=4 * args.prompts * (-(-args.tokens // 16) + 1) + 64,
         max_num_seqs=args.prompts,
         max_num_batched_tokens=max(256, args.prompts * args.tokens),
-        num_blocks=4 * args.prompts * (-(-args.tokens // 16) + 1) + 64,
     )
     engine = LLMEngine(config)
     src = TokenSource(engine.tokenizer)

@@ -21,10 +21,10 @@ import statistics
 import torch
 
 from bench import cli
-from bench.engine_runs import decode_figures, greedy, run_engine
+from bench.engine_runs import decode_figures, engine_config, greedy, run_engine
 from bench.metrics import median_call_seconds
 from bench.report import write_json
-from inference import EngineConfig, LLMEngine
+from inference import LLMEngine
 from kernels import cpu_kernels
 from kernels import quant_linear as ql
 from kernels.cpu_features import has_native_bf16
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
     cli.set_threads(args.threads)
 
     engines = {
-        wd: LLMEngine(EngineConfig(model=args.model, weight_dtype=wd, num_blocks=64,
-                                   max_num_seqs=1))
+        wd: LLMEngine(engine_config(args.model, "auto", num_blocks=64, max_num_seqs=1,
+                                    weight_dtype=wd))
         for wd in WEIGHT_DTYPES
     }
     tokenizer = engines["bf16"].tokenizer

@@ -27,12 +27,11 @@ import torch
 
 from bench import cli
 from bench import conversations as wl
-from bench.engine_runs import greedy
+from bench.engine_runs import engine_config, greedy
 from bench.metrics import percentile
 from bench.report import progress_log, write_json
 from bench.sizes import CHAT
 from bench.workloads import chat_prompt_ids
-from inference.config import EngineConfig
 from inference.llm_engine import LLMEngine
 from inference.loader import load_tokenizer
 
@@ -89,11 +88,11 @@ def run(args: argparse.Namespace) -> dict:
     prompts = [chat_prompt_ids(tok, c.messages([])) for c in workload.conversations]
     warm = chat_prompt_ids(tok, workload.warmup_messages())
     per_request = max(map(len, prompts)) + args.reply_tokens
-    config = EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        max_num_seqs=n,
+    config = engine_config(
+        args.model,
+        args.dtype,
         num_blocks=2 * n * (per_request // 16 + 2) + 64,
+        max_num_seqs=n,
         max_num_batched_tokens=args.step_budget,
     )
     engine = LLMEngine(config, tok)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -104,7 +103,7 @@ def run(args: argparse.Namespace) -> dict:
     from openai import OpenAI
 
     server = None
-    url, key = args.url, args.api_key or os.environ.get("OPENAI_API_KEY")
+    url, key = args.url, args.api_key
     if url is None:
         work = Path(tempfile.mkdtemp(prefix="toolloop-"))
         server = start_ours("auto", "toolloop", ServerSettings(threads=args.threads),
@@ -139,7 +138,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--loops", type=cli.positive_int, default=3,
                    help="agent loops, each on its own city (default: %(default)s)")
     cli.add(p, "url", default_text="start ours")
-    cli.add(p, "api_key")
+    cli.add(p, "api_key", default_text="the started server's")
     cli.add(p, "server_threads")
     p.add_argument("--no-mask-cost", dest="mask_cost", action="store_false",
                    help="skip measuring the grammar mask's cost per token")
