@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.sizes import ChatShape
 from inference.config import DEFAULT_MODEL, WEIGHT_DTYPES
 
 RESULTS = Path("bench-results")
@@ -212,10 +213,12 @@ def add(
 
 
 def add_chat_shape(
-    p: argparse.ArgumentParser, defaults: Any = None, names: tuple[str, ...] = CHAT_SHAPE
+    p: argparse.ArgumentParser,
+    defaults: ChatShape | None = None,
+    names: tuple[str, ...] = CHAT_SHAPE,
 ) -> None:
     """The chat shape's options (`names` of CHAT_SHAPE), their defaults taken from
-    `defaults` (a sizes.ChatShape), or None: the command's sizes decide."""
+    `defaults`, or None: the command's sizes decide."""
     for name in names:
         field = "conversations" if name == "num_conversations" else name
         if defaults is None:
