@@ -31,6 +31,14 @@
                                         the cached share of each turn
 
 Each subcommand takes --help.
+
+A command is the module SUBCOMMANDS names, and imports no other command: what several
+share lives in the shared modules. cli.py builds every parser and holds the common
+options, sizes.py the usual chat shape, conversations.py and workloads.py the
+workloads, engine_runs.py and hf_runs.py our engine and transformers in process,
+chat_runs.py in-process chats, http_client.py the OpenAI-compatible client,
+servers.py the servers started, metrics.py the figures, report.py what is printed and
+written, ttft_plot.py the TTFT-by-turn PNG.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ SUBCOMMANDS = {
     "serve": "bench.serve",
     "multiturn": "bench.multiturn",
     "offload": "bench.offload",
-    "plot": "bench.report",
+    "plot": "bench.plot",
     "kernels-cpu": "bench.kernels_cpu",
     "prefill-batch": "bench.prefill_batch",
     "shared-prefix": "bench.shared_prefix",

@@ -151,7 +151,9 @@ def make_text(
     return _join(words), n
 
 
-def _rng(seed: int, *parts) -> random.Random:
+def seeded_rng(seed: int, *parts) -> random.Random:
+    """A generator of its own for each (seed, parts): one piece of text never moves
+    another."""
     return random.Random(":".join(str(p) for p in (seed, *parts)))
 
 
@@ -166,10 +168,10 @@ def multiturn(
     tokenizer=None,
 ) -> Workload:
     count = token_counter(tokenizer)
-    system, s_tokens = make_text(_rng(seed, "system"), system_tokens, count)
+    system, s_tokens = make_text(seeded_rng(seed, "system"), system_tokens, count)
     convs = []
     for i in range(conversations):
-        rng = _rng(seed, "multiturn", i)
+        rng = seeded_rng(seed, "multiturn", i)
         ts = [Turn(*make_text(rng, user_tokens, count)) for _ in range(turns)]
         convs.append(Conversation(i, system or None, ts, s_tokens))
     params = {
@@ -190,10 +192,13 @@ def prefix(
     tokenizer=None,
 ) -> Workload:
     count = token_counter(tokenizer)
-    system, s_tokens = make_text(_rng(seed, "prefix"), prefix_tokens, count)
+    system, s_tokens = make_text(seeded_rng(seed, "prefix"), prefix_tokens, count)
     convs = [
         Conversation(
-            i, system, [Turn(*make_text(_rng(seed, "suffix", i), suffix_tokens, count))], s_tokens
+            i,
+            system,
+            [Turn(*make_text(seeded_rng(seed, "suffix", i), suffix_tokens, count))],
+            s_tokens,
         )
         for i in range(requests)
     ]
@@ -217,7 +222,7 @@ def random_requests(
     count = token_counter(tokenizer)
     convs = []
     for i in range(requests):
-        rng = _rng(seed, "random", i)
+        rng = seeded_rng(seed, "random", i)
         system, s_tokens = make_text(rng, max(system_tokens, 1), count)
         convs.append(Conversation(i, system, [Turn(*make_text(rng, user_tokens, count))], s_tokens))
     params = {"turns": 1, "system_tokens": system_tokens, "user_tokens": user_tokens, "seed": seed}
@@ -234,7 +239,12 @@ def build(
     reply_tokens: int,
     seed: int = 0,
     tokenizer=None,
+    jsonl: str | Path | None = None,
 ) -> Workload:
+    """The workload `name` of this shape; with jsonl, that file's first `conversations`
+    conversations instead (the shape then gives only reply_tokens)."""
+    if jsonl is not None:
+        return load_jsonl(jsonl, reply_tokens, tokenizer, conversations)
     if name == "multiturn":
         return multiturn(
             conversations, turns, system_tokens, user_tokens, reply_tokens, seed, tokenizer

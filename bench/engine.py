@@ -16,17 +16,24 @@ from __future__ import annotations
 
 import argparse
 import gc
-import itertools
 import json
 import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from bench.report import progress_log
+from bench import cli
+from bench.engine_runs import (
+    decode_figures,
+    engine_config,
+    greedy,
+    run_engine,
+    time_to_first_token,
+)
+from bench.hf_runs import hf_generate, load_hf_model, pad_token_id
+from bench.report import progress_log, write_json
 from bench.workloads import (
     FULL,
     QUICK,
@@ -41,8 +48,7 @@ from inference.llm_engine import LLMEngine
 from inference.loader import resolve_model_path
 from inference.sampling_params import SamplingParams
 
-DEFAULT_OUT = Path("bench-results/engine.json")
-_request_ids = itertools.count()
+DEFAULT_OUT = cli.RESULTS / "engine.json"
 
 
 log = progress_log("bench")
@@ -70,7 +76,7 @@ def make_prompts(tokenizer, sizes: Sizes) -> Prompts:
     )
 
 
-def engine_config(
+def engine_config_for(
     sizes: Sizes, dtype: str, model: str = DEFAULT_MODEL, prefix_caching: bool = True
 ) -> EngineConfig:
     """A pool and step budget large enough that nothing is chunked or preempted:
@@ -89,50 +95,17 @@ def engine_config(
         conversation,
     )
     max_seqs = max(sizes.prefill_prompts, max_c)
-    return EngineConfig(
-        model=model,
-        dtype=dtype,
+    return engine_config(
+        model,
+        dtype,
         num_blocks=2 * (live_tokens // EngineConfig.block_size + max_seqs) + 64,
-        max_num_batched_tokens=step_tokens,
         max_num_seqs=max_seqs,
+        max_num_batched_tokens=step_tokens,
         enable_prefix_caching=prefix_caching,
     )
 
 
 # --- our engine ----------------------------------------------------------------
-@dataclass
-class RunTimes:
-    """One batch run to completion: when it started, when every sequence had its
-    first token, when the last one finished, and the final outputs."""
-
-    start: float
-    first_token: float
-    end: float
-    outputs: list  # RequestOutput, in prompt order
-
-
-def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> RunTimes:
-    ids = [f"bench-{next(_request_ids)}" for _ in prompts]
-    start = time.perf_counter()
-    for rid, prompt in zip(ids, prompts, strict=True):
-        engine.add_request(rid, prompt, params)
-    first: dict[str, float] = {}
-    final: dict[str, object] = {}
-    while engine.has_unfinished_requests():
-        outs = engine.step()
-        now = time.perf_counter()
-        for out in outs:
-            first.setdefault(out.request_id, now)
-            if out.finished:
-                final[out.request_id] = out
-    end = time.perf_counter()
-    return RunTimes(start, max(first.values()), end, [final[r] for r in ids])
-
-
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-
-
 def ours_prefill(engine: LLMEngine, prompts: Prompts) -> dict:
     run_engine(engine, prompts.prefill_warmup, greedy(1))
     engine.reset_prefix_cache()
@@ -145,19 +118,6 @@ def ours_prefill(engine: LLMEngine, prompts: Prompts) -> dict:
         "tokens_per_s": tokens / seconds,
         # Must be 0: a hit would make the prefill look cheaper than it is.
         "cached_tokens": sum(o.cached_tokens for o in run.outputs),
-    }
-
-
-def decode_figures(batch: int, new_tokens: int, start: float, first: float, end: float) -> dict:
-    """Decode rate counts the tokens after the first (the first costs a prefill);
-    end-to-end rate counts all output tokens over the whole call."""
-    return {
-        "concurrency": batch,
-        "new_tokens": new_tokens,
-        "prefill_seconds": first - start,
-        "decode_seconds": end - first,
-        "decode_tokens_per_s": batch * (new_tokens - 1) / (end - first),
-        "e2e_output_tokens_per_s": batch * new_tokens / (end - start),
     }
 
 
@@ -176,47 +136,7 @@ def ours_decode(
     return figures, [o.token_ids for o in run.outputs]
 
 
-def time_to_first_token(engine: LLMEngine, prompt: list[int]) -> tuple[float, int]:
-    """Seconds from add_request to the first token, and the prompt tokens served from cache."""
-    run = run_engine(engine, [prompt], SamplingParams(max_tokens=1, temperature=0.0))
-    return run.first_token - run.start, run.outputs[0].cached_tokens
-
-
 # --- transformers ----------------------------------------------------------------
-class StepClock:
-    """A generate() streamer that only notes when each step's tokens arrive:
-    the first call is the prompt, the second the first new token."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def put(self, value) -> None:
-        self.times.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
-
-
-def load_hf_model(model: str, dtype: str):
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()  # generate() warns about sampling fields we don't use
-    hf_logging.disable_progress_bar()
-    path = resolve_model_path(model)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
-
-
-def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    return ids, mask
-
-
 @torch.inference_mode()
 def hf_prefill(model, prompts: Prompts) -> dict:
     # logits_to_keep=1: our engine computes logits for the last position only, and
@@ -232,24 +152,6 @@ def hf_prefill(model, prompts: Prompts) -> dict:
         "tokens_per_s": x.numel() / seconds,
         "call": "model(input_ids, logits_to_keep=1)",
     }
-
-
-@torch.inference_mode()
-def hf_generate(
-    model, prompts: list[list[int]], new_tokens: int, pad_id: int
-) -> tuple[StepClock, torch.Tensor]:
-    ids, mask = left_pad(prompts, pad_id)
-    clock = StepClock()
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        do_sample=False,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        pad_token_id=pad_id,
-        streamer=clock,
-    )
-    return clock, out[:, ids.shape[1] :]
 
 
 def hf_decode(
@@ -308,10 +210,6 @@ def two_turn(engine_on: LLMEngine, make_engine_off: Callable[[], LLMEngine], siz
 def match_fraction(a: list[list[int]], b: list[list[int]]) -> float:
     """Share of sequences whose greedy tokens agree exactly (bf16 rounding may split them)."""
     return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
-
-
-def pad_token_id(tokenizer) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def one_round(engine: LLMEngine, model, sizes: Sizes, prompts: Prompts) -> tuple[dict, dict]:
@@ -410,14 +308,16 @@ def run_bench(
     """Every measurement, as one JSON-ready dict."""
     started = time.perf_counter()
     log(f"loading our engine and transformers ({dtype})")
-    engine = LLMEngine(engine_config(sizes, dtype, model))
+    engine = LLMEngine(engine_config_for(sizes, dtype, model))
     hf_model = load_hf_model(model, dtype)
     prompts = make_prompts(engine.tokenizer, sizes)
     ours, hf, runs = throughput(engine, hf_model, sizes, prompts, rounds)
     del hf_model
     gc.collect()
     log("two-turn check")
-    turns = two_turn(engine, lambda: LLMEngine(engine_config(sizes, dtype, model, False)), sizes)
+    turns = two_turn(
+        engine, lambda: LLMEngine(engine_config_for(sizes, dtype, model, False)), sizes
+    )
     return {
         "environment": environment(dtype, sizes, quick, model, rounds),
         "ours": ours,
@@ -430,43 +330,26 @@ def run_bench(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m bench",
-        description=__doc__.split("\n")[0],
-        epilog="Subcommands: serve, multiturn, plot (each takes --help).",
-    )
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
-    p.add_argument(
-        "--model", default=DEFAULT_MODEL, help="the default SmolLM2 or a local Hugging Face folder"
-    )
-    p.add_argument("--quick", action="store_true", help="smaller sizes, for a first look")
-    p.add_argument(
-        "--rounds",
-        type=int,
-        default=5,
-        help="paired rounds of the throughput measurements; each ratio is their median",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch threads (default: torch's own choice, one per core)",
-    )
+    import bench
+
+    p = cli.parser("[engine]", __doc__)
+    others = ", ".join(name for name in bench.SUBCOMMANDS if name != "engine")
+    p.epilog += f"\n\nThe other commands (python -m bench COMMAND --help): {others}."
+    cli.add(p, "dtype", "bfloat16")
+    cli.add(p, "out", DEFAULT_OUT)
+    cli.add(p, "model")
+    cli.add(p, "quick")
+    cli.add(p, "rounds", 5)
+    cli.add(p, "threads")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.rounds < 1:
-        raise SystemExit("--rounds must be at least 1")
+    cli.set_threads(args.threads)
     sizes = QUICK if args.quick else FULL
-    result = run_bench(sizes, args.dtype, args.quick, args.model, args.rounds)
-    text = json.dumps(result, indent=2)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
-    print(text)
-    log(f"wrote {args.out}")
+    dtype = cli.engine_dtype(args.dtype)
+    result = run_bench(sizes, dtype, args.quick, args.model, args.rounds)
+    print(json.dumps(result, indent=2))
+    write_json(args.out, result, log)
     return result

@@ -16,17 +16,17 @@ rounds; the two runs take turns, so host noise lands on both).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from inference import EngineConfig, LLMEngine, SamplingParams, llm_engine
+from bench import cli
+from bench.engine_runs import engine_config
+from bench.report import write_json
+from inference import LLMEngine, SamplingParams, llm_engine
 from inference import grammar as grammar_mod
-from inference.config import DEFAULT_MODEL
 
 SCHEMA = {
     "type": "object",
@@ -111,20 +111,19 @@ def decode_steps(engine: LLMEngine, ids: list[list[int]], params: SamplingParams
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m bench grammar",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--new-tokens", type=int, default=48)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--out", default="bench-results/grammar.json")
+    parser = cli.parser("grammar", __doc__)
+    parser.add_argument("--batches", type=cli.positive_int, nargs="+", default=[1, 16],
+                        help="batch sizes (default: 1 16)")
+    cli.add(parser, "new_tokens", 48)
+    cli.add(parser, "rounds", 3)
+    cli.add(parser, "threads")
+    cli.add(parser, "model")
+    cli.add(parser, "out", cli.RESULTS / "grammar.json")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cli.set_threads(args.threads)
 
-    engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=max(args.batches),
-                                    num_blocks=64 * max(args.batches)))
+    engine = LLMEngine(engine_config(args.model, "auto", num_blocks=64 * max(args.batches),
+                                     max_num_seqs=max(args.batches)))
     schema = json.dumps(SCHEMA)
     constrained = SamplingParams(max_tokens=args.new_tokens, temperature=0, json_schema=schema)
     free = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
@@ -161,8 +160,5 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  batch {b:2d}: grammar {row['grammar_ms']:.3f} ms of a {row['step_ms']:.2f} ms "
               f"step = {row['grammar_share']:.1%}; the free step {row['free_step_ms']:.2f} ms "
               f"({row['step_vs_free']:+.1%})")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {out}")
+    write_json(args.out, result)
     return result

@@ -16,15 +16,14 @@ per-token ones: the engine benchmark (python -m bench) gives those.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from bench import cli
 from bench.metrics import median_call_seconds
+from bench.report import write_json
 from kernels import attention, cpu_kernels
 from kernels.attention import AttentionMetadata, paged_attention
 
@@ -92,10 +91,10 @@ def time_rms_norm(rows: int, dim: int, iters: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench kernels-cpu", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench-results/kernels-cpu.json")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=30)
+    parser = cli.parser("kernels-cpu", __doc__)
+    cli.add(parser, "out", cli.RESULTS / "kernels-cpu.json")
+    cli.add(parser, "rounds", 5)
+    cli.add(parser, "iters", 30)
     args = parser.parse_args(argv)
     if not cpu_kernels.available():
         raise SystemExit("the compiled CPU kernels don't run here (AVX512-BF16 and a C compiler)")
@@ -121,10 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         "rounds": args.rounds,
         "cases": results,
     }
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
-    print(f"wrote {path}")
+    write_json(args.out, out)
 
 
 if __name__ == "__main__":

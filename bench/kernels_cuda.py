@@ -11,17 +11,17 @@ not a measurement.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from bench import cli
+from bench.report import write_json
 from kernels import attention as reference
 from kernels.attention import AttentionMetadata, gather_kv
 
@@ -85,11 +85,11 @@ def _time_ms(fn, iters: int, device: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m bench kernels-cuda", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench-results/kernels.json")
-    parser.add_argument("--skip-tests", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes, few iterations")
-    parser.add_argument("--device", default="cuda")
+    parser = cli.parser("kernels-cuda", __doc__)
+    cli.add(parser, "out", cli.RESULTS / "kernels.json")
+    parser.add_argument("--skip-tests", action="store_true", help="do not run tests/kernels first")
+    cli.add(parser, "quick")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu to check the script")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench kernels-cuda needs a CUDA device")
@@ -123,8 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
                     case[f"{key}_max_abs_diff"] = (call().float() - want).abs().max().item()
             result["cases"].append(case)
             print(json.dumps(case))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(json.dumps(result, indent=2))
     return result
 

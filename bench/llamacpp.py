@@ -27,7 +27,7 @@ as our engine's weights are de-quantised from it. Our dtype is asked for by
 $LLM_WEIGHT_DTYPE. A pair's two servers start together on free loopback ports (each
 idle while the other works) and stop together.
 
-Each server gets the same workloads through bench/serve.py's client, in this order:
+Each server gets the same workloads through bench/http_client.py (serve's client), in this order:
   fresh   16 simultaneous new conversations sharing a 512-token system prompt, on the
           just-started server (no warm-up): first-turn TTFT
   warm    16 more new conversations with the same system prompt: first-turn TTFT
@@ -60,36 +60,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import platform
-import secrets
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench import cli
 from bench import conversations as wl
+from bench import http_client as client
 from bench import llamacpp_build as lb
-from bench import serve
 from bench.metrics import by_turn, summarize
-from bench.report import plot_ttft_by_turn, progress_log
+from bench.report import progress_log, write_json
+from bench.servers import (
+    Server,
+    ServerSettings,
+    llama_server_cmd,
+    local_cpu_path,
+    start_llama_server,
+    start_ours,
+)
+from bench.sizes import CHAT
+from bench.ttft_plot import plot_ttft_by_turn
 from inference.config import DEFAULT_MODEL
 from kernels import cpu_features as cf
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = Path("bench-results/llamacpp.json")
-DEFAULT_PLOT = Path("bench-results/llamacpp-ttft.png")
+DEFAULT_OUT = cli.RESULTS / "llamacpp.json"
+DEFAULT_PLOT = cli.RESULTS / "llamacpp-ttft.png"
 # Our weight dtype -> the llama.cpp GGUF type of the same bit width.
 PAIRS = {"bf16": "BF16", "int8": "Q8_0", "int4": "Q4_1"}
-SERVED_NAME = DEFAULT_MODEL  # llama-server's alias, so both list the same model name
 DECODE_PROMPT = (
     "Write a long, detailed story about a journey across the mountains, with many "
     "chapters, characters and places. Do not stop early."
@@ -105,11 +108,11 @@ log = progress_log("bench llamacpp", clock=False)
 class Sizes:
     decode_tokens: int = 256
     decode_rounds: int = 4
-    conversations: int = 16
-    turns: int = 6
-    system_tokens: int = 512
-    user_tokens: int = 60
-    reply_tokens: int = 64
+    conversations: int = CHAT.conversations
+    turns: int = CHAT.turns
+    system_tokens: int = CHAT.system_tokens
+    user_tokens: int = CHAT.user_tokens
+    reply_tokens: int = CHAT.reply_tokens
     prefix_requests: int = 16
     prefix_reply_tokens: int = 16
     # fresh / warm pairs in all: the just-started server's, then new system prompts.
@@ -133,206 +136,6 @@ QUICK = Sizes(
 )
 
 
-@dataclass(frozen=True)
-class ServerSettings:
-    threads: int = 2
-    ctx: int = 65536
-    parallel: int = 16
-
-
-# --- servers -------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def llama_server_cmd(binary: Path, model: Path, port: int, s: ServerSettings) -> list[str]:
-    return [
-        str(binary),
-        "-m", str(model),
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "-t", str(s.threads),
-        "-tb", str(s.threads),
-        "-c", str(s.ctx),
-        "--parallel", str(s.parallel),
-        # One KV pool shared by the slots (like our paged pool) instead of ctx/parallel each.
-        "--kv-unified",
-        # On by default; named so the comparison does not depend on a default.
-        "--cache-prompt",
-        "--no-webui",
-        "-a", SERVED_NAME,
-    ]  # fmt: skip
-
-
-def ours_env(dtype: str, database: Path, s: ServerSettings) -> dict:
-    """Our server's environment: its own SQLite file, no Redis or Celery, the model
-    loading at start, room in the API limits for the workloads' concurrency."""
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "chatapp.settings",
-        "DATABASE_URL": f"sqlite:///{database}",
-        "DJANGO_SECRET_KEY": secrets.token_urlsafe(32),
-        "LLM_PRELOAD": "1",
-        "LLM_WEIGHT_DTYPE": dtype,
-        "LLM_MAX_NUM_SEQS": str(s.parallel),
-        "OMP_NUM_THREADS": str(s.threads),
-        "DASHBOARD_SAMPLE_INTERVAL_S": "0",
-        "API_RATE_LIMIT_RPM": "1000000",
-        "API_MAX_CONCURRENT": str(4 * s.parallel),
-        "PREFIXCHAT_ADMIN_USER": "bench",
-        "PREFIXCHAT_ADMIN_PASSWORD": secrets.token_urlsafe(16),
-    }
-    for name in ("DJANGO_DEBUG", "REDIS_URL", "CELERY_BROKER_URL"):
-        env.pop(name, None)
-    return env
-
-
-@dataclass
-class Server:
-    label: str
-    url: str
-    proc: subprocess.Popen
-    log: Path
-    startup_s: float
-    api_key: str | None = None
-    # Our server's kernel path and where it was read ("readyz" or "local").
-    cpu_path: str | None = None
-    cpu_path_from: str | None = None
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
-    """Poll `url` until it answers 200; bounded, and failing fast if the process exits."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{tail}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (OSError, urllib.error.HTTPError):
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    proc.wait()
-    raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s; see {log_path}")
-
-
-def start_llama_server(
-    binary: Path, model: Path, label: str, s: ServerSettings, logs: Path, timeout_s: float = 600
-) -> Server:
-    port = free_port()
-    log_path = logs / f"{label}.log"
-    started = time.perf_counter()
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen(
-            llama_server_cmd(binary, model, port, s),
-            cwd=binary.parent,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url + "/health", proc, log_path, timeout_s)
-    return Server(label, url, proc, log_path, time.perf_counter() - started)
-
-
-def readyz_cpu_path(url: str, timeout_s: float = 5) -> str | None:
-    """The `cpu_path` of our server's /readyz JSON (top level, or its model check's,
-    where the dashboard reports the loaded engine's), None where it has none (an older
-    server) or does not answer."""
-    try:
-        with urllib.request.urlopen(url + "/readyz", timeout=timeout_s) as response:
-            body = json.loads(response.read())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(body, dict):
-        return None
-    checks = body.get("checks")
-    model = checks.get("model") if isinstance(checks, dict) else None
-    for where in (body, model if isinstance(model, dict) else {}):
-        path = where.get("cpu_path")
-        if isinstance(path, str) and path:
-            return path
-    return None
-
-
-def local_cpu_path(env: Mapping[str, str]) -> str:
-    """kernels.cpu_features.cpu_path() as a process with `env` takes it. The path hangs
-    on the CPU and $PREFIXCHAT_CPU_PATH alone, so it is evaluated here with that one
-    variable set as in `env`, past the cache (this process's own path may have been
-    taken under another value); os.environ is restored after."""
-    saved = os.environ.get(cf.ENV)
-    try:
-        if cf.ENV in env:
-            os.environ[cf.ENV] = env[cf.ENV]
-        else:
-            os.environ.pop(cf.ENV, None)
-        return cf.cpu_path.__wrapped__()
-    finally:
-        if saved is None:
-            os.environ.pop(cf.ENV, None)
-        else:
-            os.environ[cf.ENV] = saved
-
-
-def ours_cpu_path(url: str, env: Mapping[str, str]) -> tuple[str, str]:
-    """(path, where from): the server's own word where /readyz gives it, else computed."""
-    if path := readyz_cpu_path(url):
-        return path, "readyz"
-    return local_cpu_path(env), "local"
-
-
-def _manage(env: dict, *args: str) -> str:
-    out = subprocess.run(
-        [sys.executable, "manage.py", *args], env=env, cwd=ROOT, capture_output=True, text=True
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{out.stderr[-3000:]}")
-    return out.stdout
-
-
-def start_ours(
-    dtype: str, label: str, s: ServerSettings, logs: Path, database: Path, timeout_s: float = 600
-) -> Server:
-    """daphne on this repository with a fresh database and one API key, as `make run`."""
-    env = ours_env(dtype, database, s)
-    _manage(env, "migrate", "--noinput", "-v", "0")
-    _manage(env, "ensure_admin")
-    key = _manage(
-        env, "create_api_key", "--user", "bench", "--name", "bench",
-        "--rpm", "1000000", "--concurrent", str(4 * s.parallel),
-    ).strip().splitlines()[-1]  # fmt: skip
-    port = free_port()
-    log_path = logs / f"{label}.log"
-    daphne = str(Path(sys.executable).with_name("daphne"))
-    started = time.perf_counter()
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen(
-            [daphne, "-b", "127.0.0.1", "-p", str(port), "chatapp.asgi:application"],
-            env=env,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url + "/readyz", proc, log_path, timeout_s)
-    startup_s = time.perf_counter() - started
-    path, path_from = ours_cpu_path(url, env)
-    log(f"{label}: kernel path {path} (from {path_from})")
-    return Server(label, url, proc, log_path, startup_s, key, path, path_from)
-
-
 # --- workloads -----------------------------------------------------------------
 def decode_workload(sizes: Sizes) -> wl.Workload:
     """One round of the decode phase: one request."""
@@ -350,7 +153,7 @@ def cold_workload(sizes: Sizes, seed: int, round_index: int, tokenizer) -> wl.Wo
     marker = f"{round_index + 1}."
     marker_tokens = count(marker) if count else 1
     body, body_tokens = wl.make_text(
-        wl._rng(seed, "cold", round_index), max(1, sizes.system_tokens - marker_tokens), count
+        wl.seeded_rng(seed, "cold", round_index), max(1, sizes.system_tokens - marker_tokens), count
     )
     system = f"{marker} {body}"
     system_tokens = count(system) if count else marker_tokens + body_tokens
@@ -391,9 +194,10 @@ def multiturn_workload(sizes: Sizes, seed: int, tokenizer) -> wl.Workload:
     )  # fmt: skip
 
 
-def client_args(server: Server, ignore_eos: bool, timeout_s: float) -> argparse.Namespace:
-    argv = ["--url", server.url, "--api-key", server.api_key or "none", "--timeout", str(timeout_s)]
-    return serve.parse_args(argv + (["--ignore-eos"] if ignore_eos else []))
+def client_options(server: Server, ignore_eos: bool, timeout_s: float) -> client.ClientOptions:
+    return client.ClientOptions(
+        server.url, server.api_key or "none", timeout=timeout_s, ignore_eos=ignore_eos
+    )
 
 
 async def phase(
@@ -406,15 +210,15 @@ async def phase(
     ignore_eos: bool = False,
     timeout_s: float = 600,
 ) -> dict:
-    client = serve.Client(client_args(server, ignore_eos, timeout_s))
+    http = client.Client(client_options(server, ignore_eos, timeout_s))
     try:
-        await client.resolve_model()
+        await http.resolve_model()
         log(f"{server.label}: {workload.name}, {workload.num_requests} requests")
-        warm, records, seconds = await serve.measure(
-            client, workload, concurrency, tokenizer, block_size, warmup
+        warm, records, seconds = await client.measure(
+            http, workload, concurrency, tokenizer, block_size, warmup
         )
     finally:  # inside this loop: closed later, its connections would outlive the loop
-        await client.api.close()
+        await http.api.close()
     return phase_result(workload, concurrency, ignore_eos, records, seconds, warmup=warm)
 
 
@@ -477,25 +281,25 @@ def alternating_rounds(
 
     async def rounds() -> dict[str, tuple[list, float]]:
         clients = {
-            label: serve.Client(client_args(server, ignore_eos, timeout_s))
+            label: client.Client(client_options(server, ignore_eos, timeout_s))
             for label, (server, _) in servers.items()
         }
         records = {label: [] for label in servers}
         seconds = dict.fromkeys(servers, 0.0)
         try:
-            for client in clients.values():
-                await client.resolve_model()
+            for http in clients.values():
+                await http.resolve_model()
             for r, work in enumerate(works):
                 for label, (_, block_size) in servers.items():
                     log(f"{label}: {work.name}, round {r + 1} of {len(works)}")
-                    _, recs, secs = await serve.measure(
+                    _, recs, secs = await client.measure(
                         clients[label], work, 1, tokenizer, block_size, False
                     )
                     records[label] += recs
                     seconds[label] += secs
         finally:  # inside this loop: closed later, its connections would outlive the loop
-            for client in clients.values():
-                await client.api.close()
+            for http in clients.values():
+                await http.api.close()
         return {label: (records[label], seconds[label]) for label in servers}
 
     return asyncio.run(rounds())
@@ -849,7 +653,7 @@ def compare(args: argparse.Namespace) -> dict:
     log(f"kernel paths: ours {predicted} (this CPU's best: {detected}), llama.cpp {args.isa}")
     if mismatch := kernel_path_mismatch(predicted, args.isa, detected):
         log(f"warning: {mismatch}")
-    tokenizer = serve.load_client_tokenizer(DEFAULT_MODEL)
+    tokenizer = client.load_client_tokenizer(DEFAULT_MODEL)
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
     started, load_start = time.perf_counter(), os.getloadavg()
@@ -929,12 +733,7 @@ def compare(args: argparse.Namespace) -> dict:
 
 # --- command line --------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m bench llamacpp",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n", 2)[2],
-    )
+    p = cli.parser("llamacpp", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build llama-server from the llama-cpp-python sdist")
     c = sub.add_parser("compare", help="run the same workloads on llama-server and ours")
@@ -950,13 +749,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "for our forced AVX2 path on an AVX512 host); default native",
         )  # fmt: skip
     b.add_argument("--version", default=lb.LLAMA_CPP_PYTHON_VERSION, help="llama-cpp-python")
-    b.add_argument("-j", "--jobs", type=int, default=1, help="parallel compile jobs")
-    b.add_argument("--force", action="store_true", help="rebuild even when built")
-    c.add_argument(
-        "--quick",
-        action="store_true",
-        help="4 conversations x 3 turns, 4 shared-prefix requests, 64-token decode",
+    b.add_argument(
+        "-j", "--jobs", type=cli.positive_int, default=1, help="parallel compile jobs"
     )
+    b.add_argument("--force", action="store_true", help="rebuild even when built")
+    cli.add(c, "quick")
     c.add_argument(
         "--pairs", type=parse_pairs, default=list(PAIRS),
         help="our weight dtypes to compare, comma-separated (default: bf16,int8,int4)",
@@ -965,17 +762,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument(
         "--llama-quantize", default=None, help="default: llama-quantize beside llama-server"
     )
-    c.add_argument("--threads", type=int, default=2, help="-t of llama-server, torch threads")
-    c.add_argument("--ctx", type=int, default=65536, help="llama-server's -c")
-    c.add_argument("--parallel", type=int, default=16, help="slots / running sequences")
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    c.add_argument("--plot", type=Path, default=DEFAULT_PLOT, help="PNG of multi-turn TTFT")
-    c.add_argument("--logs", default="bench-results/llamacpp-logs", help="server logs")
-    args = p.parse_args(argv)
-    if args.command == "compare" and min(args.threads, args.ctx, args.parallel) < 1:
-        p.error("--threads, --ctx and --parallel must be positive")
-    return args
+    cli.add(c, "server_threads")
+    c.add_argument("--ctx", type=cli.positive_int, default=65536, help="llama-server's -c")
+    c.add_argument(
+        "--parallel", type=cli.positive_int, default=16, help="slots / running sequences"
+    )
+    cli.add(c, "seed")
+    cli.add(c, "out", DEFAULT_OUT)
+    cli.add(c, "plot", DEFAULT_PLOT)
+    cli.add(c, "logs", cli.RESULTS / "llamacpp-logs")
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None):
@@ -984,9 +780,7 @@ def main(argv: list[str] | None = None):
         return lb.build(lb.cache_dir(args.cache), args.version, args.jobs, args.force, args.isa)
     result = compare(args)
     print(table(result["pairs"], result["kernel_path"]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    log(f"wrote {args.out}")
+    write_json(args.out, result, log)
     series = {label: run["multiturn"]["by_turn"] for label, run in result["runs"].items()}
     if args.plot and plot_ttft_by_turn(series, args.plot, plot_title(result["kernel_path"])):
         log(f"wrote {args.plot}")

@@ -1,7 +1,7 @@
 """Resident memory of our server (daphne, as `make run` serves) after a multi-turn
 replay, for each weight dtype, on this process's kernel path.
 
-    python -m bench memory [--weight-dtypes fp32,bf16,int8,int4,auto] [--conversations 16]
+    python -m bench memory [--weight-dtypes fp32,bf16,int8,int4,auto] [--num-conversations 16]
         [--turns 6] [--out bench-results/memory.json]
 
 Each server starts alone on a fresh database, replays bench/serve.py's multi-turn
@@ -21,8 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.llamacpp import ServerSettings, start_ours
+from bench import cli
 from bench.report import progress_log
+from bench.servers import ServerSettings, start_ours
+from bench.sizes import CHAT
 from kernels.cpu_features import cpu_path
 
 log = progress_log("bench memory")
@@ -62,13 +64,13 @@ def measure(dtype: str, args: argparse.Namespace, logs: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m bench memory", description=__doc__.split("\n")[0])
-    p.add_argument("--weight-dtypes", default="fp32,bf16,int8,int4")
-    p.add_argument("--conversations", type=int, default=16)
-    p.add_argument("--turns", type=int, default=6)
-    p.add_argument("--logs", type=Path, default=Path("bench-results/memory-logs"))
-    p.add_argument("--out", type=Path, default=Path("bench-results/memory.json"))
+    p = cli.parser("memory", __doc__)
+    cli.add(p, "weight_dtypes", "fp32,bf16,int8,int4")
+    cli.add_chat_shape(p, CHAT, ("num_conversations", "turns"))
+    cli.add(p, "logs", cli.RESULTS / "memory-logs")
+    cli.add(p, "out", cli.RESULTS / "memory.json")
     args = p.parse_args(argv)
+    args.conversations = args.num_conversations  # as measure() and the JSON read it
     args.logs.mkdir(parents=True, exist_ok=True)
     runs = []
     for dtype in args.weight_dtypes.split(","):

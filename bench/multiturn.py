@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import json
 import time
 from collections import deque
 from collections.abc import Callable
@@ -44,31 +43,22 @@ from pathlib import Path
 
 import torch
 
+from bench import cli
 from bench import conversations as wl
-from bench.engine import (
-    greedy,
-    hf_generate,
-    load_hf_model,
-    pad_token_id,
-    time_to_first_token,
-)
-from bench.metrics import (
-    RequestRecord,
-    by_turn,
-    cacheable_from,
-    later_turns,
-    percentile,
-    stats,
-    summarize,
-)
-from bench.report import plot_ttft_by_turn, progress_log, summary_table
+from bench.chat_runs import ChatPrompts, note_output, system_result
+from bench.engine_runs import engine_config, greedy, time_to_first_token, warm_up
+from bench.hf_runs import hf_generate, load_hf_model, pad_token_id
+from bench.metrics import RequestRecord, percentile, stats
+from bench.report import progress_log, summary_table, write_json
+from bench.sizes import CHAT, QUICK_CHAT
+from bench.ttft_plot import plot_ttft_by_turn
 from bench.workloads import chat_prompt_ids, next_turn_ids
 from inference.config import DEFAULT_MODEL, EngineConfig
 from inference.llm_engine import LLMEngine
 from inference.sampling_params import InvalidRequestError
 
-DEFAULT_OUT = Path("bench-results/multiturn.json")
-DEFAULT_PLOT = Path("bench-results/multiturn.png")
+DEFAULT_OUT = cli.RESULTS / "multiturn.json"
+DEFAULT_PLOT = cli.RESULTS / "multiturn.png"
 _ids = itertools.count()
 
 
@@ -89,66 +79,19 @@ class ChatSizes:
 
 
 FULL = ChatSizes(
-    conversations=16,
-    turns=6,
-    system_tokens=512,
-    user_tokens=60,
-    reply_tokens=64,
+    **asdict(CHAT),
     hf_conversations=4,
     random_requests=16,
     overhead_repeats=5,
     hit_samples=16,
 )
 QUICK = ChatSizes(
-    conversations=4,
-    turns=3,
-    system_tokens=128,
-    user_tokens=24,
-    reply_tokens=8,
+    **asdict(QUICK_CHAT),
     hf_conversations=2,
     random_requests=8,
     overhead_repeats=1,
     hit_samples=4,
 )
-
-
-# --- prompts -------------------------------------------------------------------
-class ChatPrompts:
-    """Turn prompts as token ids: built from the replies in the live run, then replayed."""
-
-    def __init__(self, tokenizer, workload: wl.Workload):
-        self.tok = tokenizer
-        self.workload = workload
-        self.recorded: dict[tuple[int, int], list[int]] = {}
-        self.replies: dict[tuple[int, int], list[int]] = {}
-
-    def _texts(self, conv: int, turn: int) -> list[dict]:
-        c = self.workload.conversations[conv]
-        replies = [self.tok.decode(self.replies[(conv, k)]) for k in range(1, turn)]
-        return c.messages(replies)
-
-    def build(self, conv: int, turn: int, prev: tuple[list[int], list[int]] | None) -> list[int]:
-        """Prompt of (conv, turn): prev is (previous prompt, its reply ids)."""
-        if prev is None:
-            ids = chat_prompt_ids(self.tok, self._texts(conv, 1))
-        else:
-            messages = self._texts(conv, turn - 1)
-            ids = next_turn_ids(
-                self.tok,
-                messages,
-                prev[0],
-                prev[1],
-                self.workload.conversations[conv].turns[turn - 1].user,
-            )
-        self.recorded[(conv, turn)] = ids
-        return ids
-
-    def replay(self, conv: int, turn: int, prev) -> list[int]:
-        return self.recorded[(conv, turn)]
-
-    def history(self, conv: int, turn: int) -> list[int]:
-        """What the engine computed for (conv, turn): its prompt and reply, less the last token."""
-        return [*self.recorded[(conv, turn)], *self.replies.get((conv, turn), [])[:-1]]
 
 
 # --- our engine ------------------------------------------------------------------
@@ -197,17 +140,9 @@ def run_chats(
         now = time.perf_counter()
         for out in outs:
             rec, prompt = active[out.request_id]
-            if out.new_token_ids:
-                if rec.first_token is None:
-                    rec.first_token = now
-                rec.chunk_times.append(now)
-            if not out.finished:
+            if not note_output(rec, out, now):
                 continue
             del active[out.request_id]
-            rec.end, rec.completion_tokens = now, len(out.token_ids)
-            rec.cached_tokens = out.cached_tokens
-            if out.finish_reason not in ("stop", "length"):
-                rec.error = out.error or out.finish_reason
             records.append(rec)
             if total >= 20 and len(records) % (total // 5) == 0:
                 log(f"  {len(records)}/{total} requests")
@@ -250,7 +185,7 @@ def run_transformers(
 
 
 # --- the pieces ----------------------------------------------------------------
-def engine_config(
+def chat_engine_config(
     workload: wl.Workload,
     sizes: ChatSizes,
     dtype: str,
@@ -268,17 +203,13 @@ def engine_config(
     randoms = sizes.random_requests * (
         (sizes.system_tokens + sizes.user_tokens + sizes.reply_tokens) // 16 + 4
     )
-    return EngineConfig(
-        model=model,
-        dtype=dtype,
-        enable_prefix_caching=caching,
+    return engine_config(
+        model,
+        dtype,
         num_blocks=max(chats, randoms) + 128,
         max_num_seqs=max(concurrency, sizes.random_requests),
+        enable_prefix_caching=caching,
     )
-
-
-def warm_up(engine: LLMEngine, prompt: list[int]) -> None:
-    engine.generate([prompt], greedy(4))
 
 
 def hit_versus_fresh(
@@ -298,8 +229,8 @@ def hit_versus_fresh(
         last = len(workload.conversations[conv].turns)
         prompt_last = prompts.recorded[(conv, last)]
         reply = prompts.replies[(conv, last)]
-        user, _ = wl.make_text(wl._rng(seed, "extra", conv), sizes.user_tokens, count)
-        messages = prompts._texts(conv, last)
+        user, _ = wl.make_text(wl.seeded_rng(seed, "extra", conv), sizes.user_tokens, count)
+        messages = prompts.messages(conv, last)
         ids = next_turn_ids(prompts.tok, messages, prompt_last, reply, user)
         t_hit, cached = time_to_first_token(engine, ids)
         suffix = ids[cached:]
@@ -413,36 +344,6 @@ def zero_hit_overhead(on: LLMEngine, off: LLMEngine, sizes: ChatSizes, seed: int
     }
 
 
-def system_result(
-    records: list[RequestRecord],
-    seconds: float,
-    prompts: ChatPrompts,
-    warm: list[int],
-    block_size: int,
-    note: str,
-) -> dict:
-    for r in records:
-        earlier = [warm] + ([prompts.history(r.conversation, r.turn - 1)] if r.turn > 1 else [])
-        r.max_cached_tokens = cacheable_from(
-            prompts.recorded[(r.conversation, r.turn)], earlier, block_size
-        )
-    later = later_turns(records)
-    return {
-        "note": note,
-        "summary": summarize(records, seconds),
-        "turns_2_plus": {
-            "ttft_s": stats(r.ttft for r in later if r.ok),
-            **{
-                k: v
-                for k, v in summarize(later, seconds).items()
-                if k.startswith(("cached", "max_cached", "prompt"))
-            },
-        },
-        "by_turn": by_turn(records),
-        "requests": [r.as_dict() for r in records],
-    }
-
-
 def ratios(systems: dict, hit: dict, overhead: dict) -> dict:
     def p50(name: str) -> float | None:
         return systems[name]["turns_2_plus"]["ttft_s"]["p50"] if name in systems else None
@@ -490,16 +391,16 @@ def chat_workload(
     sizes: ChatSizes, seed: int, tokenizer, conversations: Path | None = None
 ) -> wl.Workload:
     """The generated multi-turn workload, or the first sizes.conversations of a JSONL file."""
-    if conversations is not None:
-        return wl.load_jsonl(conversations, sizes.reply_tokens, tokenizer, sizes.conversations)
-    return wl.multiturn(
-        sizes.conversations,
-        sizes.turns,
-        sizes.system_tokens,
-        sizes.user_tokens,
-        sizes.reply_tokens,
-        seed,
-        tokenizer,
+    return wl.build(
+        "multiturn",
+        conversations=sizes.conversations,
+        turns=sizes.turns,
+        system_tokens=sizes.system_tokens,
+        user_tokens=sizes.user_tokens,
+        reply_tokens=sizes.reply_tokens,
+        seed=seed,
+        tokenizer=tokenizer,
+        jsonl=conversations,
     )
 
 
@@ -520,8 +421,8 @@ def run(
     n_conv = len(workload.conversations)
     concurrency = concurrency or n_conv
     log(f"loading two engines ({dtype})")
-    on = LLMEngine(engine_config(workload, sizes, dtype, model, True, concurrency), tok)
-    off = LLMEngine(engine_config(workload, sizes, dtype, model, False, concurrency), tok)
+    on = LLMEngine(chat_engine_config(workload, sizes, dtype, model, True, concurrency), tok)
+    off = LLMEngine(chat_engine_config(workload, sizes, dtype, model, False, concurrency), tok)
     bs = on.config.block_size
     prompts = ChatPrompts(tok, workload)
     warm = chat_prompt_ids(tok, workload.warmup_messages())
@@ -637,66 +538,47 @@ def report(result: dict) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m bench multiturn",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n", 2)[2],
-    )
-    p.add_argument("--quick", action="store_true", help="small sizes: about a minute")
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--threads", type=int, default=None, help="torch threads")
-    p.add_argument(
-        "--concurrency", type=int, default=None, help="conversations in flight (default: all)"
-    )
+    p = cli.parser("multiturn", __doc__)
+    cli.add(p, "quick")
+    cli.add(p, "dtype", "bfloat16")
+    cli.add(p, "model")
+    cli.add(p, "threads")
+    cli.add(p, "concurrency")
     p.add_argument(
         "--hf-conversations",
-        type=int,
+        type=cli.positive_int,
         default=None,
         help="conversations transformers replays (default: 4, quick: 2)",
     )
-    p.add_argument(
-        "--conversations",
-        type=Path,
-        default=None,
-        help="JSONL of message lists to replay instead of the generated chats",
-    )
-    for name, what in (
-        ("num-conversations", "conversations (also: at most this many lines of --conversations)"),
-        ("turns", "user turns per conversation"),
-        ("system-tokens", "the shared system prompt (and each random request's own)"),
-        ("user-tokens", "each user turn"),
-        ("reply-tokens", "each reply"),
-    ):
-        p.add_argument(f"--{name}", type=int, default=None, help=f"{what} (overrides the sizes)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--plot", type=Path, default=DEFAULT_PLOT)
+    cli.add(p, "conversations")
+    cli.add_chat_shape(p)
+    cli.add(p, "seed")
+    cli.add(p, "out", DEFAULT_OUT)
+    cli.add(p, "plot", DEFAULT_PLOT)
     return p.parse_args(argv)
+
+
+# Options that override the sizes: dest -> ChatSizes field.
+SIZE_OPTIONS = {
+    "num_conversations": "conversations",
+    "turns": "turns",
+    "system_tokens": "system_tokens",
+    "user_tokens": "user_tokens",
+    "reply_tokens": "reply_tokens",
+    "hf_conversations": "hf_conversations",
+}
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    sizes = QUICK if args.quick else FULL
-    overrides = {
-        "conversations": args.num_conversations,
-        "turns": args.turns,
-        "system_tokens": args.system_tokens,
-        "user_tokens": args.user_tokens,
-        "reply_tokens": args.reply_tokens,
-        "hf_conversations": args.hf_conversations,
-    }
-    sizes = replace(sizes, **{k: v for k, v in overrides.items() if v is not None})
+    cli.set_threads(args.threads)
+    sizes = replace(QUICK if args.quick else FULL, **cli.overrides(args, SIZE_OPTIONS))
+    dtype = cli.engine_dtype(args.dtype)
     result = run(
-        sizes, args.dtype, args.model, args.concurrency, args.seed, args.quick, args.conversations
+        sizes, dtype, args.model, args.concurrency, args.seed, args.quick, args.conversations
     )
     print(report(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    log(f"wrote {args.out}")
+    write_json(args.out, result, log)
     series = {name: s["by_turn"] for name, s in result["systems"].items()}
     w = result["workload"]
     title = f"TTFT by turn: {w['conversations']} chats, {w['requests']} requests"

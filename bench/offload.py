@@ -31,24 +31,23 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import json
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import torch
 
+from bench import cli
 from bench import conversations as wl
-from bench.engine import greedy, time_to_first_token
+from bench.chat_runs import ChatPrompts, note_output, system_result
+from bench.engine_runs import engine_config, greedy, time_to_first_token, warm_up
 from bench.metrics import RequestRecord, percentile, stats
-from bench.multiturn import ChatPrompts, system_result, warm_up
-from bench.report import progress_log
+from bench.report import progress_log, write_json
+from bench.sizes import CHAT, QUICK_CHAT
 from bench.workloads import chat_prompt_ids
-from inference.config import DEFAULT_MODEL, EngineConfig
 from inference.llm_engine import LLMEngine
 
-DEFAULT_OUT = Path("bench-results/offload.json")
+DEFAULT_OUT = cli.RESULTS / "offload.json"
 _ids = itertools.count()
 
 
@@ -68,12 +67,12 @@ class Sizes:
     repeats: int
 
 
-FULL = Sizes(16, 4, 512, 60, 32, 4, 4, restore_blocks=32, repeats=5)
-QUICK = Sizes(8, 3, 128, 24, 8, 2, 2, restore_blocks=8, repeats=3)
-
-
-def config(model: str, dtype: str, num_blocks: int, max_seqs: int, **kw) -> EngineConfig:
-    return EngineConfig(model=model, dtype=dtype, num_blocks=num_blocks, max_num_seqs=max_seqs, **kw)
+# The chat shape's system prompt and user turns (bench/sizes.py), with 4 turns of
+# 32-token replies; --quick: the quick shape's, over 8 conversations.
+FULL = Sizes(CHAT.conversations, 4, CHAT.system_tokens, CHAT.user_tokens, 32, 4, 4,
+             restore_blocks=32, repeats=5)
+QUICK = Sizes(8, 3, QUICK_CHAT.system_tokens, QUICK_CHAT.user_tokens, QUICK_CHAT.reply_tokens,
+              2, 2, restore_blocks=8, repeats=3)
 
 
 # --- 1. chats in rounds --------------------------------------------------------
@@ -99,15 +98,7 @@ def run_rounds(engine: LLMEngine, sizes: Sizes, prompt_for, replies: dict | None
                 now = time.perf_counter()
                 for out in outs:
                     rec, prompt = active[out.request_id]
-                    if out.new_token_ids:
-                        if rec.first_token is None:
-                            rec.first_token = now
-                        rec.chunk_times.append(now)
-                    if out.finished:
-                        rec.end, rec.completion_tokens = now, len(out.token_ids)
-                        rec.cached_tokens = out.cached_tokens
-                        if out.finish_reason not in ("stop", "length"):
-                            rec.error = out.error or out.finish_reason
+                    if note_output(rec, out, now):
                         records.append(rec)
                         prev[rec.conversation] = (prompt, out.token_ids)
                         if replies is not None:
@@ -132,7 +123,7 @@ def chats(model: str, dtype: str, sizes: Sizes, tok, seed: int) -> dict:
         sizes.user_tokens + sizes.reply_tokens + 32)) // 16 + 256
     systems, engines = {}, {}
     log(f"unbounded pool ({total} blocks): {sizes.conversations} chats x {sizes.turns} turns")
-    big = LLMEngine(config(model, dtype, total, seqs), tok)
+    big = LLMEngine(engine_config(model, dtype, total, seqs), tok)
     warm_up(big, warm)
     records, seconds = run_rounds(big, sizes, prompts.build, prompts.replies)
     bs = big.config.block_size
@@ -145,7 +136,7 @@ def chats(model: str, dtype: str, sizes: Sizes, tok, seed: int) -> dict:
     for name, tier in (("tier_off", 0), ("tier_on", 1 << 30)):
         log(f"pool of {small} blocks (about {sizes.pool_conversations} conversations), "
             f"{name.replace('_', ' ')}")
-        engine = LLMEngine(config(model, dtype, small, seqs, kv_offload_bytes=tier), tok)
+        engine = LLMEngine(engine_config(model, dtype, small, seqs, kv_offload_bytes=tier), tok)
         warm_up(engine, warm)
         records, seconds = run_rounds(engine, sizes, prompts.replay, None)
         systems[name] = system_result(records, seconds, prompts, warm, bs,
@@ -179,7 +170,9 @@ def restart(model: str, dtype: str, sizes: Sizes, tok, seed: int) -> dict:
     other = tok.encode("An unrelated warm-up request.")
     with tempfile.TemporaryDirectory(prefix="kv-") as kv_dir:
         log(f"restart: turn 1 of {n} chats on an engine with kv_dir, then close it")
-        first = LLMEngine(config(model, dtype, blocks, n, kv_offload_bytes=1 << 30, kv_dir=kv_dir), tok)
+        first = LLMEngine(
+            engine_config(model, dtype, blocks, n, kv_offload_bytes=1 << 30, kv_dir=kv_dir), tok
+        )
         sizes1 = replace(sizes, conversations=n, turns=1)
         run_rounds(first, sizes1, prompts.build, prompts.replies)
         first.close()
@@ -188,7 +181,7 @@ def restart(model: str, dtype: str, sizes: Sizes, tok, seed: int) -> dict:
         result = {}
         for name, kw in (("restarted", {"kv_offload_bytes": 1 << 30, "kv_dir": kv_dir}),
                          ("cold", {})):
-            engine = LLMEngine(config(model, dtype, blocks, n, **kw), tok)
+            engine = LLMEngine(engine_config(model, dtype, blocks, n, **kw), tok)
             warm_up(engine, other)
             ttfts, cached = [], []
             for conv in range(n):
@@ -211,8 +204,8 @@ def restore_cost(model: str, dtype: str, sizes: Sizes, tok, seed: int) -> dict:
     gen = torch.Generator().manual_seed(seed)
     with tempfile.TemporaryDirectory(prefix="kv-") as kv_dir:
         engines = {
-            "memory": LLMEngine(config(model, dtype, blocks, 4, kv_offload_bytes=1 << 30), tok),
-            "disk": LLMEngine(config(model, dtype, blocks, 4, kv_dir=kv_dir), tok),
+            "memory": LLMEngine(engine_config(model, dtype, blocks, 4, kv_offload_bytes=1 << 30), tok),
+            "disk": LLMEngine(engine_config(model, dtype, blocks, 4, kv_dir=kv_dir), tok),
         }
         times: dict[str, list[float]] = {"memory": [], "disk": [], "recompute": []}
         for _ in range(sizes.repeats):
@@ -281,33 +274,40 @@ def report(result: dict) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench offload", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n", 2)[2])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
-                   help="default: the engine's for this CPU")
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--threads", type=int, default=None)
-    for name in ("num-conversations", "turns", "pool-conversations", "concurrency"):
-        p.add_argument(f"--{name}", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p = cli.parser("offload", __doc__)
+    cli.add(p, "quick")
+    cli.add(p, "dtype")
+    cli.add(p, "model")
+    cli.add(p, "threads")
+    cli.add_chat_shape(p, names=("num_conversations", "turns"))
+    p.add_argument(
+        "--pool-conversations",
+        type=cli.positive_int,
+        default=None,
+        help=f"whole conversations the small pool holds (default: {cli.FROM_SIZES})",
+    )
+    cli.add(p, "concurrency", default_text=cli.FROM_SIZES)
+    cli.add(p, "seed")
+    cli.add(p, "out", DEFAULT_OUT)
     return p.parse_args(argv)
 
 
+# Options that override the sizes: dest -> Sizes field.
+SIZE_OPTIONS = {
+    "num_conversations": "conversations",
+    "turns": "turns",
+    "pool_conversations": "pool_conversations",
+    "concurrency": "concurrency",
+}
+
+
 def main(argv: list[str] | None = None) -> dict:
-    from inference.config import default_dtype
     from inference.loader import load_tokenizer
 
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    sizes = QUICK if args.quick else FULL
-    overrides = {"conversations": args.num_conversations, "turns": args.turns,
-                 "pool_conversations": args.pool_conversations, "concurrency": args.concurrency}
-    sizes = replace(sizes, **{k: v for k, v in overrides.items() if v is not None})
-    dtype = args.dtype or default_dtype("cpu")
+    cli.set_threads(args.threads)
+    sizes = replace(QUICK if args.quick else FULL, **cli.overrides(args, SIZE_OPTIONS))
+    dtype = cli.engine_dtype(args.dtype)
     tok = load_tokenizer(args.model)
     started = time.perf_counter()
     result = {
@@ -322,7 +322,5 @@ def main(argv: list[str] | None = None) -> dict:
     result["targets"] = targets(result)
     result["total_seconds"] = time.perf_counter() - started
     print(report(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    log(f"wrote {args.out}")
+    write_json(args.out, result, log)
     return result

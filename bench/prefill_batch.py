@@ -19,17 +19,20 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 import kernels.attention as attention
-from bench.engine import greedy, load_hf_model, log, run_engine
+from bench import cli
+from bench.engine_runs import engine_config, greedy, run_engine
+from bench.hf_runs import load_hf_model
+from bench.report import progress_log, write_json
 from bench.workloads import TokenSource
-from inference.config import DEFAULT_MODEL, EngineConfig
 from inference.llm_engine import LLMEngine
 
-DEFAULT_OUT = Path("bench-results/prefill_batch.json")
+DEFAULT_OUT = cli.RESULTS / "prefill_batch.json"
+
+log = progress_log("prefill-batch")
 
 
 _BATCHED_MAX_QUERY = attention._BATCH_MAX_QUERY
@@ -82,17 +85,16 @@ def time_hf(model, prompts: list[list[int]]) -> float:
 
 
 def run(args: argparse.Namespace) -> dict:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cli.set_threads(args.threads)
     if args.scores != "auto":  # the path this CPU would not take, timed here anyway
         held = {torch.bfloat16, torch.float32} if args.scores == "held-whole" else set()
         attention._HELD_WHOLE_DTYPES = frozenset(held)
-    config = EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
+    config = engine_config(
+        args.model,
+        args.dtype,
+        num_blocks=4 * args.prompts * (-(-args.tokens // 16) + 1) + 64,
         max_num_seqs=args.prompts,
         max_num_batched_tokens=max(256, args.prompts * args.tokens),
-        num_blocks=4 * args.prompts * (-(-args.tokens // 16) + 1) + 64,
     )
     engine = LLMEngine(config)
     src = TokenSource(engine.tokenizer)
@@ -133,28 +135,25 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench prefill-batch", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompts", type=int, default=32)
-    p.add_argument("--tokens", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, default=None)
+    p = cli.parser("prefill-batch", __doc__)
+    p.add_argument("--prompts", type=cli.positive_int, default=32, help="prompts in the step")
+    p.add_argument("--tokens", type=cli.positive_int, default=16, help="tokens of each prompt")
+    cli.add(p, "rounds", 7)
+    cli.add(p, "dtype")
+    cli.add(p, "threads")
     p.add_argument("--scores", choices=("auto", "held-whole", "flash"), default="auto",
                    help="force the per-sequence CPU attention path (auto: this CPU's; "
                         "held-whole is that of bf16 CPUs without AMX); the batched call "
                         "holds its scores whole on any CPU")
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    cli.add(p, "model")
+    cli.add(p, "out", DEFAULT_OUT)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.dtype == "auto":
-        args.dtype = EngineConfig(dtype="auto").dtype
+    args.dtype = cli.engine_dtype(args.dtype)
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result, log)
     print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
     return result

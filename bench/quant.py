@@ -16,17 +16,15 @@ and int4 linear weights, and the per-call time of each matmul path:
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-from pathlib import Path
 
 import torch
 
-from bench.engine import decode_figures, greedy, run_engine
+from bench import cli
+from bench.engine_runs import decode_figures, engine_config, greedy, run_engine
 from bench.metrics import median_call_seconds
-from inference import EngineConfig, LLMEngine
-from inference.config import DEFAULT_MODEL
+from bench.report import write_json
+from inference import LLMEngine
 from kernels import cpu_kernels
 from kernels import quant_linear as ql
 from kernels.cpu_features import has_native_bf16
@@ -75,22 +73,21 @@ def decode_prompt(tokenizer) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m bench quant",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--iters", type=int, default=30, help="kernel calls timed per round")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--prefill-tokens", type=int, default=256)
-    parser.add_argument("--out", default="bench-results/quant.json")
+    parser = cli.parser("quant", __doc__)
+    cli.add(parser, "rounds", 3)
+    cli.add(parser, "new_tokens", 64)
+    cli.add(parser, "iters", 30)
+    cli.add(parser, "threads")
+    cli.add(parser, "model")
+    parser.add_argument("--prefill-tokens", type=cli.positive_int, default=256,
+                        help="tokens of the one uncached prefill (default: %(default)s)")
+    cli.add(parser, "out", cli.RESULTS / "quant.json")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cli.set_threads(args.threads)
 
     engines = {
-        wd: LLMEngine(EngineConfig(model=args.model, weight_dtype=wd, num_blocks=64,
-                                   max_num_seqs=1))
+        wd: LLMEngine(engine_config(args.model, "auto", num_blocks=64, max_num_seqs=1,
+                                    weight_dtype=wd))
         for wd in WEIGHT_DTYPES
     }
     tokenizer = engines["bf16"].tokenizer
@@ -152,8 +149,5 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  {'case':20s}" + "".join(f"{p:>14s}" for p in paths))
     for case, d in result["per_call_us"].items():
         print(f"  {case:20s}" + "".join(f"{d[p]:14.1f}" for p in paths))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {out}")
+    write_json(args.out, result)
     return result

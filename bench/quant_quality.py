@@ -1,6 +1,6 @@
 """How far quantized weights move the model from bf16, measured four ways.
 
-    python -m bench quant-quality [--model M] [--new-tokens 32] [--kinds fp32,int8,int4]
+    python -m bench quant-quality [--model M] [--new-tokens 32] [--weight-dtypes fp32,int8,int4]
         [--reference bf16|torch-fp32] [--out F]
 
 For fp32 compute (the reference's own rounding noise), int8 and int4 against the
@@ -18,17 +18,14 @@ is bf16 storage):
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-from pathlib import Path
 
 import torch
 
-from bench.engine import greedy
-from bench.report import progress_log
+from bench import cli
+from bench.engine_runs import greedy
+from bench.report import progress_log, write_json
 from inference import EngineConfig, LLMEngine, SamplingParams
-from inference.config import DEFAULT_MODEL
 from inference.sequence import Sequence
 from kernels import cpu_kernels, f32_kernels
 from kernels.cpu_features import cpu_path
@@ -148,13 +145,13 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m bench quant-quality",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--kinds", default="fp32,int8,int4")
-    parser.add_argument("--reference", choices=("bf16", "torch-fp32"), default="bf16")
-    parser.add_argument("--out", type=Path, default=Path("bench-results/quant_quality.json"))
+    parser = cli.parser("quant-quality", __doc__)
+    cli.add(parser, "model")
+    cli.add(parser, "new_tokens", 32)
+    cli.add(parser, "weight_dtypes", "fp32,int8,int4", aliases=("--kinds",))
+    parser.add_argument("--reference", choices=("bf16", "torch-fp32"), default="bf16",
+                        help="what the weight dtypes are set against (default: %(default)s)")
+    cli.add(parser, "out", cli.RESULTS / "quant_quality.json")
     args = parser.parse_args(argv)
 
     base = reference_engine(args.model, args.reference)
@@ -170,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     del base
 
     results = {}
-    for kind in args.kinds.split(","):
+    for kind in args.weight_dtypes.split(","):
         log(f"{kind} against {args.reference}")
         engine = engine_for(args.model, kind)
         ours = replies(engine, prompts, args.new_tokens)
@@ -196,9 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     data = {"kind": "quant-quality", "model": args.model, "new_tokens": args.new_tokens,
             "reference": args.reference, "cpu_path": cpu_path(),
             "prompts": len(PROMPTS), "held_tokens": len(held), "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=2))
-    log(f"wrote {args.out}")
+    write_json(args.out, data, log)
     return data
 
 

@@ -2,7 +2,7 @@
 time to first token on a fresh engine (nothing cached) against a warm one (the
 system prompt cached by an earlier request), in-process.
 
-    python -m bench shared-prefix [--conversations 16] [--system-tokens 512]
+    python -m bench shared-prefix [--num-conversations 16] [--system-tokens 512]
         [--user-tokens 60] [--reply-tokens 16] [--rounds 3] [--step-budget N] [--dtype ...]
         [--threads N] [--model PATH] [--out bench-results/shared_prefix.json]
 
@@ -22,20 +22,20 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
+from bench import cli
 from bench import conversations as wl
-from bench.engine import greedy
+from bench.engine_runs import engine_config, greedy
 from bench.metrics import percentile
-from bench.report import progress_log
+from bench.report import progress_log, write_json
+from bench.sizes import CHAT
 from bench.workloads import chat_prompt_ids
-from inference.config import DEFAULT_MODEL, EngineConfig
 from inference.llm_engine import LLMEngine
 from inference.loader import load_tokenizer
 
-DEFAULT_OUT = Path("bench-results/shared_prefix.json")
+DEFAULT_OUT = cli.RESULTS / "shared_prefix.json"
 
 
 log = progress_log("shared-prefix")
@@ -80,23 +80,23 @@ def one_case(engine: LLMEngine, prompts, reply_tokens: int, warm: list[int] | No
 
 
 def run(args: argparse.Namespace) -> dict:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cli.set_threads(args.threads)
     tok = load_tokenizer(args.model)
-    workload = wl.multiturn(args.conversations, 1, args.system_tokens, args.user_tokens,
-                            args.reply_tokens, args.seed, tok)
+    n = args.num_conversations
+    workload = wl.multiturn(n, 1, args.system_tokens, args.user_tokens, args.reply_tokens,
+                            args.seed, tok)
     prompts = [chat_prompt_ids(tok, c.messages([])) for c in workload.conversations]
     warm = chat_prompt_ids(tok, workload.warmup_messages())
     per_request = max(map(len, prompts)) + args.reply_tokens
-    config = EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        max_num_seqs=max(args.conversations, 1),
-        num_blocks=2 * args.conversations * (per_request // 16 + 2) + 64,
+    config = engine_config(
+        args.model,
+        args.dtype,
+        num_blocks=2 * n * (per_request // 16 + 2) + 64,
+        max_num_seqs=n,
         max_num_batched_tokens=args.step_budget,
     )
     engine = LLMEngine(config, tok)
-    log(f"{args.conversations} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} "
+    log(f"{n} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} "
         f"tokens, step budget {config.max_num_batched_tokens}, {config.dtype}")
     one_case(engine, prompts[:2], 2, warm, True)  # loads what a first request loads
     cases = {"fresh": (None, True), "fresh_no_wait": (None, False), "warm": (warm, True)}
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> dict:
         for name, runs in rounds.items()
     }
     return {
-        "conversations": args.conversations,
+        "conversations": n,
         "system_tokens": args.system_tokens,
         "prompt_tokens": [len(p) for p in prompts],
         "step_budget": config.max_num_batched_tokens,
@@ -129,27 +129,23 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench shared-prefix", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--conversations", type=int, default=16)
-    p.add_argument("--system-tokens", type=int, default=512)
-    p.add_argument("--user-tokens", type=int, default=60)
-    p.add_argument("--reply-tokens", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--step-budget", type=int, default=None,
+    p = cli.parser("shared-prefix", __doc__)
+    cli.add_chat_shape(p, CHAT, ("num_conversations", "system_tokens", "user_tokens"))
+    cli.add(p, "reply_tokens", 16)
+    cli.add(p, "rounds", 3)
+    p.add_argument("--step-budget", type=cli.positive_int, default=None,
                    help="max_num_batched_tokens (default: the engine's, 256 on CPU)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    cli.add(p, "seed")
+    cli.add(p, "dtype")
+    cli.add(p, "threads")
+    cli.add(p, "model")
+    cli.add(p, "out", DEFAULT_OUT)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result, log)
     print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
     return result

@@ -25,9 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.llamacpp import ServerSettings, start_ours
+from bench import cli
+from bench.report import write_json
+from bench.servers import ServerSettings, start_ours
 
-DEFAULT_OUT = Path("bench-results/toolloop.json")
+DEFAULT_OUT = cli.RESULTS / "toolloop.json"
 BLOCK = 16
 CITIES = ["Paris", "London", "Tokyo", "Lima", "Oslo", "Cairo", "Delhi", "Quito"]
 TOOLS = [
@@ -116,33 +118,31 @@ def run(args: argparse.Namespace) -> dict:
             server.stop()
     result = {"turns": args.turns, "loops": args.loops, "rows": rows, "by_turn": summarise(rows)}
     if args.mask_cost:
-        from bench import grammar
+        import bench
 
-        result["grammar_mask"] = grammar.main([
-            "--batches", "1", "16", "--rounds", "1",
+        result["grammar_mask"] = bench.main([
+            "grammar", "--batches", "1", "16", "--rounds", "1",
             "--out", str(args.out.with_name(args.out.stem + "-grammar.json"))])["batches"]
     print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'share of cacheable':>19} {'s':>6}")
     for turn, row in result["by_turn"].items():
         share = row["cached_share_of_cacheable"]
         print(f"{turn:>4} {row['prompt_tokens']:>7.0f} {row['cached_tokens']:>7.0f} "
               f"{'-' if share is None else f'{share:.1%}':>19} {row['seconds']:>6.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
     return result
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench toolloop", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--turns", type=int, default=8)
-    p.add_argument("--loops", type=int, default=3)
-    p.add_argument("--url", default=None, help="a running server (default: start ours)")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--threads", type=int, default=2)
+    p = cli.parser("toolloop", __doc__)
+    cli.add(p, "turns", 8)
+    p.add_argument("--loops", type=cli.positive_int, default=3,
+                   help="agent loops, each on its own city (default: %(default)s)")
+    cli.add(p, "url", default_text="start ours")
+    cli.add(p, "api_key", default_text="the started server's")
+    cli.add(p, "server_threads")
     p.add_argument("--no-mask-cost", dest="mask_cost", action="store_false",
                    help="skip measuring the grammar mask's cost per token")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    cli.add(p, "out", DEFAULT_OUT)
     return p.parse_args(argv)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import stat
 import tarfile
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from bench import llamacpp as lc
 from bench import llamacpp_build as lb
+from bench import servers as srv
 from bench.metrics import RequestRecord, by_turn, summarize
 from kernels import cpu_features as cf
 
@@ -174,7 +176,7 @@ def test_pip_fetches_the_sdist_only():
 
 
 def test_llama_server_command_line():
-    cmd = lc.llama_server_cmd(Path("/b/llama-server"), Path("/m/x.gguf"), 8123, lc.ServerSettings())
+    cmd = srv.llama_server_cmd(Path("/b/llama-server"), Path("/m/x.gguf"), 8123, srv.ServerSettings())
     joined = " ".join(cmd)
     for part in ("-m /m/x.gguf", "--port 8123", "-t 2", "-c 65536", "--parallel 16"):
         assert part in joined
@@ -184,7 +186,7 @@ def test_llama_server_command_line():
 
 def test_our_server_environment_asks_for_the_dtype(tmp_path, monkeypatch):
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6379/0")
-    env = lc.ours_env("int8", tmp_path / "db.sqlite3", lc.ServerSettings(threads=3))
+    env = srv.ours_env("int8", tmp_path / "db.sqlite3", srv.ServerSettings(threads=3))
     assert env["LLM_WEIGHT_DTYPE"] == "int8"
     assert env["OMP_NUM_THREADS"] == "3" and env["LLM_MAX_NUM_SEQS"] == "16"
     assert env["DATABASE_URL"] == f"sqlite:///{tmp_path / 'db.sqlite3'}"
@@ -469,7 +471,7 @@ def test_each_later_prefix_round_has_its_own_system_prompt(monkeypatch):
         return {}
 
     monkeypatch.setattr(lc, "phase", fake_phase)
-    server = lc.Server("ours-bf16", "http://127.0.0.1:1", _FakeProc(), None, 1.0)
+    server = srv.Server("ours-bf16", "http://127.0.0.1:1", _FakeProc(), None, 1.0)
     sizes = dataclasses.replace(lc.QUICK, prefix_rounds=3)
     result = lc.run_server(server, sizes, 0, None, 16)
     assert len(result["prefix_rounds"]) == 2
@@ -566,7 +568,7 @@ def test_a_server_that_fails_is_recorded_and_the_pair_goes_on(monkeypatch, tmp_p
         raise RuntimeError("server exited with -11")
 
     proc = _FakeProc()
-    fake = lc.Server("ours-int8", "http://127.0.0.1:1", proc, tmp_path / "log", 1.0, "key")
+    fake = srv.Server("ours-int8", "http://127.0.0.1:1", proc, tmp_path / "log", 1.0, "key")
     monkeypatch.setattr(lc, "run_server", lambda server, *a: {"startup_s": server.startup_s})
     decoded = []
     monkeypatch.setattr(lc, "alternating_decode",
@@ -587,10 +589,10 @@ def test_a_server_that_fails_is_recorded_and_the_pair_goes_on(monkeypatch, tmp_p
 
 
 class _FakeClient:
-    """serve.Client without the network: the fake measure below answers for it."""
+    """http_client.Client without the network: the fake measure below answers for it."""
 
-    def __init__(self, args):
-        self.args, self.closed = args, False
+    def __init__(self, options):
+        self.options, self.closed = options, False
 
         async def close():
             self.closed = True
@@ -602,14 +604,14 @@ class _FakeClient:
 
 
 def _fake_measure(seen: list, ttft: dict, tpot: float = 0.02):
-    """serve.measure that records (server, workload, its system prompt, ignore_eos) and
+    """http_client.measure that records (server, workload, its system prompt, ignore_eos) and
     answers with one request of the server's TTFT."""
 
     async def measure(client, workload, concurrency, tokenizer, block_size, warmup):
         assert concurrency == 1 and warmup is False and workload.num_requests == 1
-        server = client.args.url
+        server = client.options.url
         seen.append((server, workload.name, workload.conversations[0].system,
-                     client.args.ignore_eos))  # fmt: skip
+                     client.options.ignore_eos))  # fmt: skip
         rec = RequestRecord(conversation=0, turn=1, start=0.0)
         rec.first_token, rec.completion_tokens = ttft[server], workload.reply_tokens
         rec.end = ttft[server] + tpot * (workload.reply_tokens - 1)
@@ -621,15 +623,15 @@ def _fake_measure(seen: list, ttft: dict, tpot: float = 0.02):
 
 def _live_pair() -> dict:
     return {
-        label: (lc.Server(label, url, _FakeProc(), None, 1.0), block)
+        label: (srv.Server(label, url, _FakeProc(), None, 1.0), block)
         for label, url, block in (("llamacpp-BF16", "http://l", 1), ("ours-bf16", "http://o", 16))
     }
 
 
 def test_cold_rounds_alternate_on_a_new_prompt_each(monkeypatch):
     seen = []
-    monkeypatch.setattr(lc.serve, "Client", _FakeClient)
-    monkeypatch.setattr(lc.serve, "measure", _fake_measure(seen, {"http://l": 0.5, "http://o": 0.4}))
+    monkeypatch.setattr(lc.client, "Client", _FakeClient)
+    monkeypatch.setattr(lc.client, "measure", _fake_measure(seen, {"http://l": 0.5, "http://o": 0.4}))
     sizes = dataclasses.replace(lc.QUICK, cold_rounds=3)
     cold = lc.alternating_cold(_live_pair(), sizes, 0, None)
     # llama-server first, then ours, round by round; both get the round's prompt.
@@ -648,8 +650,8 @@ def test_cold_rounds_alternate_on_a_new_prompt_each(monkeypatch):
 
 def test_decode_rounds_still_alternate_on_one_prompt(monkeypatch):
     seen = []
-    monkeypatch.setattr(lc.serve, "Client", _FakeClient)
-    monkeypatch.setattr(lc.serve, "measure", _fake_measure(seen, {"http://l": 0.1, "http://o": 0.1}))
+    monkeypatch.setattr(lc.client, "Client", _FakeClient)
+    monkeypatch.setattr(lc.client, "measure", _fake_measure(seen, {"http://l": 0.1, "http://o": 0.1}))
     sizes = dataclasses.replace(lc.QUICK, decode_rounds=2)
     decode = lc.alternating_decode(_live_pair(), sizes, None)
     assert [(s[0], s[1]) for s in seen] == [("http://l", "decode"), ("http://o", "decode")] * 2
@@ -666,7 +668,7 @@ def test_cold_rounds_come_after_the_decode_rounds(monkeypatch):
                         lambda live, *a: calls.append("decode") or {k: {"d": 1} for k in live})
     monkeypatch.setattr(lc, "alternating_cold",
                         lambda live, *a: calls.append("cold") or {k: {"c": 1} for k in live})
-    fakes = [lc.Server(label, "http://127.0.0.1:1", _FakeProc(), None, 1.0)
+    fakes = [srv.Server(label, "http://127.0.0.1:1", _FakeProc(), None, 1.0)
              for label in ("llamacpp-BF16", "ours-bf16")]  # fmt: skip
     runs = lc.measured_pair([_contender(f.label, lambda label, f=f: f) for f in fakes],
                             lc.QUICK, 0, None)  # fmt: skip
@@ -676,7 +678,7 @@ def test_cold_rounds_come_after_the_decode_rounds(monkeypatch):
 
 def test_both_servers_are_stopped_when_a_workload_fails(monkeypatch, tmp_path):
     procs = [_FakeProc(), _FakeProc()]
-    fakes = [lc.Server(n, "http://127.0.0.1:1", p, tmp_path / "log", 1.0)
+    fakes = [srv.Server(n, "http://127.0.0.1:1", p, tmp_path / "log", 1.0)
              for n, p in zip(("llamacpp-BF16", "ours-bf16"), procs, strict=True)]
 
     def boom(server, *a):
@@ -704,12 +706,12 @@ def avx512_host(monkeypatch):
 
 
 def test_local_cpu_path_follows_the_given_environment(avx512_host, monkeypatch):
-    assert lc.local_cpu_path({}) == "avx512-bf16"
-    assert lc.local_cpu_path({cf.ENV: "avx2"}) == "avx2"
-    assert lc.local_cpu_path({cf.ENV: "auto"}) == "avx512-bf16"
+    assert srv.local_cpu_path({}) == "avx512-bf16"
+    assert srv.local_cpu_path({cf.ENV: "avx2"}) == "avx2"
+    assert srv.local_cpu_path({cf.ENV: "auto"}) == "avx512-bf16"
     assert cf.ENV not in lc.os.environ  # put back as it was
     monkeypatch.setenv(cf.ENV, "generic")
-    assert lc.local_cpu_path({}) == "avx512-bf16"  # `env`'s value, not this process's
+    assert srv.local_cpu_path({}) == "avx512-bf16"  # `env`'s value, not this process's
     assert lc.os.environ[cf.ENV] == "generic"
 
 
@@ -749,29 +751,29 @@ def test_readyz_cpu_path(monkeypatch, answer, expected):
             raise answer
         return _Response(answer)
 
-    monkeypatch.setattr(lc.urllib.request, "urlopen", fake_urlopen)
-    assert lc.readyz_cpu_path("http://127.0.0.1:9") == expected
+    monkeypatch.setattr(srv.urllib.request, "urlopen", fake_urlopen)
+    assert srv.readyz_cpu_path("http://127.0.0.1:9") == expected
     assert asked == ["http://127.0.0.1:9/readyz"]
 
 
 def test_ours_cpu_path_prefers_readyz(avx512_host, monkeypatch):
-    monkeypatch.setattr(lc, "readyz_cpu_path", lambda url: "generic")
-    assert lc.ours_cpu_path("http://x", {cf.ENV: "avx2"}) == ("generic", "readyz")
-    monkeypatch.setattr(lc, "readyz_cpu_path", lambda url: None)
-    assert lc.ours_cpu_path("http://x", {cf.ENV: "avx2"}) == ("avx2", "local")
+    monkeypatch.setattr(srv, "readyz_cpu_path", lambda url: "generic")
+    assert srv.ours_cpu_path("http://x", {cf.ENV: "avx2"}) == ("generic", "readyz")
+    monkeypatch.setattr(srv, "readyz_cpu_path", lambda url: None)
+    assert srv.ours_cpu_path("http://x", {cf.ENV: "avx2"}) == ("avx2", "local")
 
 
 def test_start_ours_passes_the_environment_and_records_its_path(avx512_host, monkeypatch, tmp_path):
     monkeypatch.setenv(cf.ENV, "avx2")
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     envs = []
-    monkeypatch.setattr(lc, "_manage", lambda env, *a: envs.append(env) or "key\n")
+    monkeypatch.setattr(srv, "_manage", lambda env, *a: envs.append(env) or "key\n")
     monkeypatch.setattr(
-        lc.subprocess, "Popen", lambda cmd, env=None, **k: envs.append(env) or _FakeProc()
+        srv.subprocess, "Popen", lambda cmd, env=None, **k: envs.append(env) or _FakeProc()
     )
-    monkeypatch.setattr(lc, "wait_ready", lambda *a: None)
-    monkeypatch.setattr(lc, "readyz_cpu_path", lambda url: None)
-    server = lc.start_ours("int8", "ours-int8", lc.ServerSettings(), tmp_path, tmp_path / "db")
+    monkeypatch.setattr(srv, "wait_ready", lambda *a: None)
+    monkeypatch.setattr(srv, "readyz_cpu_path", lambda url: None)
+    server = srv.start_ours("int8", "ours-int8", srv.ServerSettings(), tmp_path, tmp_path / "db")
     assert all(e[cf.ENV] == "avx2" and e["ATEN_CPU_CAPABILITY"] == "avx2" for e in envs)
     assert (server.cpu_path, server.cpu_path_from) == ("avx2", "local")
 
@@ -781,10 +783,10 @@ def test_run_server_records_our_path(monkeypatch):
         return {}
 
     monkeypatch.setattr(lc, "phase", fake_phase)
-    ours = lc.Server("ours-bf16", "http://x", _FakeProc(), None, 1.0, "k", "avx2", "readyz")
+    ours = srv.Server("ours-bf16", "http://x", _FakeProc(), None, 1.0, "k", "avx2", "readyz")
     result = lc.run_server(ours, lc.QUICK, 0, None, 16)
     assert (result["cpu_path"], result["cpu_path_from"]) == ("avx2", "readyz")
-    theirs = lc.Server("llamacpp-BF16", "http://x", _FakeProc(), None, 1.0)
+    theirs = srv.Server("llamacpp-BF16", "http://x", _FakeProc(), None, 1.0)
     assert "cpu_path" not in lc.run_server(theirs, lc.QUICK, 0, None, 1)
 
 
@@ -837,7 +839,7 @@ def test_compare_puts_the_kernel_paths_in_the_json(avx512_host, monkeypatch, tmp
     monkeypatch.setenv(cf.ENV, "avx2")
     _fake_built(tmp_path, isa="avx2")
     monkeypatch.setattr(inference.loader, "smollm2_gguf_path", lambda: tmp_path / "m.Q4_1.gguf")
-    monkeypatch.setattr(lc.serve, "load_client_tokenizer", lambda name: None)
+    monkeypatch.setattr(lc.client, "load_client_tokenizer", lambda name: None)
     monkeypatch.setattr(lc, "llama_version", lambda binary: "version: 1")
     started = []
 
@@ -863,7 +865,7 @@ def test_compare_puts_the_kernel_paths_in_the_json(avx512_host, monkeypatch, tmp
         "--out", str(out), "--logs", str(tmp_path / "logs"),
     ])  # fmt: skip
     assert started == ["llamacpp-Q4_1", "ours-int4"]
-    kp = lc.json.loads(out.read_text())["kernel_path"]
+    kp = json.loads(out.read_text())["kernel_path"]
     assert kp == result["kernel_path"]
     assert {k: kp[k] for k in ("ours", "llamacpp", "forced", "ours_from")} == {
         "ours": "avx2", "llamacpp": "avx2", "forced": True, "ours_from": "readyz"
@@ -874,7 +876,7 @@ def test_compare_puts_the_kernel_paths_in_the_json(avx512_host, monkeypatch, tmp
     printed = capsys.readouterr().out
     assert "kernel paths: ours avx2 (forced), llama.cpp avx2" in printed
     # The cold row (--quick: a 256-token prompt) and its ratio by round, in the JSON too.
-    written = lc.json.loads(out.read_text())
+    written = json.loads(out.read_text())
     (pair,) = written["pairs"]
     cold = next(r for r in pair["rows"] if r["metric"] == "cold_ttft_p50_ms")
     assert cold["label"] == "cold 256-token prompt TTFT p50 (ms)"

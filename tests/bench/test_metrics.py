@@ -8,7 +8,7 @@ import pytest
 
 import bench
 from bench import conversations as wl
-from bench import serve as bench_serve
+from bench import http_client
 from bench.metrics import (
     RequestRecord,
     by_turn,
@@ -142,10 +142,10 @@ def test_serve_ceiling_uses_usage_and_the_new_message():
     work = wl.multiturn(1, 2, system_tokens=40, user_tokens=10, reply_tokens=8)
     t1 = record(turn=1, prompt_tokens=60, completion_tokens=8)
     t2 = record(turn=2, prompt_tokens=85, completion_tokens=8)
-    bench_serve.fill_max_cached([t1, t2], work, overhead=5, block_size=16)
+    http_client.fill_max_cached([t1, t2], work, overhead=5, block_size=16)
     assert t1.max_cached_tokens == 32  # 60 - (10 + 5) = 45 -> 32 (warm-up holds the system)
     assert t2.max_cached_tokens == 64  # min(85 - 15, 60 + 8 - 1) = 67 -> 64
-    bench_serve.fill_max_cached([t1, t2], work, overhead=5, block_size=16, warmed=False)
+    http_client.fill_max_cached([t1, t2], work, overhead=5, block_size=16, warmed=False)
     assert t1.max_cached_tokens == 0  # the very first request has nothing before it
 
 

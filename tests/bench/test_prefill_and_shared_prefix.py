@@ -30,7 +30,7 @@ def test_shared_prefix_computes_the_system_prompt_once(tiny_model, tmp_path, one
     out = tmp_path / "shared_prefix.json"
     result = bench.main([
         "shared-prefix", "--model", str(tiny_model), "--dtype", "float32",
-        "--conversations", "4", "--system-tokens", "64", "--user-tokens", "8",
+        "--num-conversations", "4", "--system-tokens", "64", "--user-tokens", "8",
         "--reply-tokens", "2", "--rounds", "1", "--step-budget", "4096", "--out", str(out),
     ])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
