@@ -44,6 +44,7 @@ class RunTimes:
     first_token: float
     end: float
     outputs: list  # RequestOutput, in prompt order
+    first_tokens: list[float]  # when each sequence had its first token, in prompt order
 
 
 def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> RunTimes:
@@ -61,7 +62,8 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingPara
             if out.finished:
                 final[out.request_id] = out
     end = time.perf_counter()
-    return RunTimes(start, max(first.values()), end, [final[r] for r in ids])
+    return RunTimes(start, max(first.values()), end, [final[r] for r in ids],
+                    [first[r] for r in ids])
 
 
 def time_to_first_token(engine: LLMEngine, prompt: list[int]) -> tuple[float, int]:

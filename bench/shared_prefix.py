@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 
 from bench import cli
 from bench import conversations as wl
-from bench.engine_runs import engine_config, greedy
+from bench.engine_runs import engine_config, greedy, run_engine
 from bench.metrics import percentile
 from bench.report import progress_log, write_json
 from bench.sizes import CHAT
@@ -43,17 +42,8 @@ log = progress_log("shared-prefix")
 
 def ttfts(engine: LLMEngine, prompts: list[list[int]], reply_tokens: int) -> list[float]:
     """Add every prompt at once and step until all finish; each one's TTFT."""
-    start = time.perf_counter()
-    ids = [f"sp-{i}-{time.perf_counter_ns()}" for i in range(len(prompts))]
-    for rid, p in zip(ids, prompts, strict=True):
-        engine.add_request(rid, p, greedy(reply_tokens))
-    first: dict[str, float] = {}
-    while engine.has_unfinished_requests():
-        outs = engine.step()
-        now = time.perf_counter()
-        for out in outs:
-            first.setdefault(out.request_id, now)
-    return [first[r] - start for r in ids]
+    run = run_engine(engine, prompts, greedy(reply_tokens))
+    return [t - run.start for t in run.first_tokens]
 
 
 def one_case(engine: LLMEngine, prompts, reply_tokens: int, warm: list[int] | None,
