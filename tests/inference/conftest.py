@@ -21,8 +21,13 @@ def make_tiny_model(dest: Path, model_type: str = "llama", seed: int = 0, tied: 
     """A 2-layer random model with SmolLM2's tokenizer (so text round-trips); `extra`
     goes to the config (Qwen3's head_dim, a rope scaling, Gemma 3's layer types, ...).
     norm_std > 0 draws the norms' weights too (around their init)."""
-    from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config,
-                              Qwen3Config)
+    from transformers import (
+        AutoModelForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
            "gemma3_text": Gemma3TextConfig}[model_type]
