@@ -247,3 +247,37 @@ def test_preempted_requests_and_salted_tenants_keep_their_greedy_output(tiny_gem
     [[c]] = roomy.generate([prompts[5]], params, cache_salt="tenant-a")
     assert (a.cached_tokens, b.cached_tokens, c.cached_tokens) == (0, 0, 64)
     assert a.token_ids == b.token_ids == c.token_ids == expected[5]
+
+
+def test_a_multimodal_gemma3_checkpoint_runs_its_language_model():
+    """A gemma3 config computes its text_config's decoder from the checkpoint's
+    language-model weights (the vision tower's are left out)."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from inference.model_runner import ModelRunner
+    from inference.sequence import Sequence
+
+    text = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=8,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                query_pre_attn_scalar=32)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=1,
+                          boi_token_index=509, eoi_token_index=510, image_token_index=511)
+    torch.manual_seed(0)
+    hf = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+    runner = ModelRunner(EngineConfig(dtype="float32", weight_dtype="fp32", num_blocks=8,
+                                      block_size=4), config, hf.state_dict())
+    assert isinstance(runner.model, Gemma3ForCausalLM)
+    assert runner.kv_cache.shape == (2, 3, 8, 4, 2, 32)
+    ids = list(range(3, 30))  # past the window of 8
+    seq = Sequence("mm", 0, ids, SamplingParams())
+    seq.block_table = list(range(8))
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([ids])).logits[0]
+    assert (runner.full_logits([seq], [len(ids)]) - ref).abs().max().item() < TOL
