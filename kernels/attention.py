@@ -113,6 +113,10 @@ class AttentionMetadata:
         return bool((self.slot_mapping >= 0).all())
 
     @cached_property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens)
+
+    @cached_property
     def query_lens(self) -> list[int]:
         q = self.query_start_loc
         return [q[i + 1] - q[i] for i in range(len(q) - 1)]
@@ -568,7 +572,7 @@ def _decode_attention(
 def window_applies(meta: AttentionMetadata, window: int | None) -> bool:
     """Whether a sliding window of `window` keys hides any key in this step: only
     once some context is longer than the window (shorter ones take the plain paths)."""
-    return window is not None and max(meta.seq_lens) > window
+    return window is not None and meta.max_seq_len > window
 
 
 # A long chunk of a sliding-window layer attends a slice of queries at a time, each
