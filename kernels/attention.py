@@ -642,8 +642,13 @@ def _windowed_decode(
     window: int,
 ) -> torch.Tensor:
     """Attention of the decode rows' queries [B, H, D] over the last `window` keys of
-    their contexts: one flash call over the blocks from the earliest window start to
-    the longest context, padded, with an additive mask."""
+    their contexts: in fp32 on the CPU, kernels/f32_kernels's C kernel (it starts each
+    row at its window); otherwise one flash call over the blocks from the earliest
+    window start to the longest context, padded, with an additive mask."""
+    if query.is_cpu and f32_kernels.runs_decode(k_cache):
+        q = query.to(k_cache.dtype).contiguous()
+        return f32_kernels.paged_decode_attention(q, k_cache, v_cache, d.tables, d.lens, scale,
+                                                  window)
     b = d.tables.shape[0]
     block_size, kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     group = query.shape[1] // kv_heads

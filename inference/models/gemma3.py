@@ -11,7 +11,9 @@ rotary and head it shares):
   activation dtype; the attention scale is query_pre_attn_scalar ** -0.5; the final
   logits may be soft-capped.
 Every layer keeps its whole KV in the pool; the window is a mask
-(kernels.attention.windowed_attention).
+(kernels.attention.windowed_attention). In fp32 a decode step of a few sequences runs
+as one C call (kernels.decode_stack), the (1 + weight) norms handed to it as fp32
+vectors.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import nn
 
 from inference.models.llama import Linear, PagedCausalLM, RotaryEmbedding, apply_rotary
 from kernels import AttentionMetadata, paged_attention, store_kvcache
+from kernels.decode_stack import DecodeStack, StackLayer, runs_here
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -165,16 +168,64 @@ class Gemma3ForCausalLM(PagedCausalLM):
         # The scale rounded to the activation dtype first, as transformers does.
         x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         rope = {t: r.forward(positions, x.dtype) for t, r in self.rotaries.items()}
+        if self.decode_stack is not None:
+            d = meta.decode_batch(kv_cache.shape[3])
+            if d is not None and d.all_rows and self.decode_stack.runs(len(d.rows), kv_cache):
+                # One cos/sin set per RoPE, in self.rotaries' order (StackLayer.rope).
+                cos = torch.stack([c.squeeze(1) for c, _ in rope.values()])
+                sin = torch.stack([s.squeeze(1) for _, s in rope.values()])
+                if len(rope) == 1:
+                    cos, sin = cos[0], sin[0]
+                return self.decode_stack(x, cos, sin, meta.slot_mapping, kv_cache, d.tables,
+                                         d.lens)
         for i, layer in enumerate(self.layers):
             cos, sin = rope[layer.layer_type]
             x = layer.forward(x, cos, sin, kv_cache[0, i], kv_cache[1, i], meta)
         return self.norm.forward(x)
 
     def build_decode_stack(self) -> bool:
-        """The C decode step (kernels.decode_stack) computes the Llama family's layer;
-        Gemma 3's decode steps run the torch forward."""
+        """Run decode steps of a few sequences as one C call (kernels.decode_stack) in
+        an fp32 model whose matmuls the step reads (see LlamaForCausalLM's); False, and
+        the torch forward kept, elsewhere (the bf16 step has no Gemma 3 layer)."""
         self.decode_stack = None
-        return False
+        if self.norm.weight.dtype != torch.float32 or not runs_here(torch.float32):
+            return False
+        if not all(p.is_cpu for p in self.parameters()):
+            return False
+        matmuls = self.stack_matmuls()
+        if matmuls is None:
+            return False
+        linears, quantized = matmuls
+
+        def scale(norm: GemmaRMSNorm) -> torch.Tensor:  # the step's norms multiply plainly
+            return (1.0 + norm.weight.detach().float()).contiguous()
+
+        ropes = list(self.rotaries)
+        layers = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            layers.append(StackLayer(
+                scale(layer.input_layernorm), scale(layer.pre_feedforward_layernorm),
+                *(m.quantized if quantized else m.weight.data
+                  for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)),
+                None if attn.qkv_proj.bias is None else attn.qkv_proj.bias.data,
+                scale(attn.q_norm), scale(attn.k_norm),
+                attn_out_norm=scale(layer.post_attention_layernorm),
+                mlp_out_norm=scale(layer.post_feedforward_layernorm),
+                window=attn.window or 0, rope=ropes.index(layer.layer_type),
+            ))
+        attn = self.layers[0].self_attn
+        if attn.o_proj.bias is not None:  # the step adds no bias after o_proj
+            return False
+        try:
+            self.decode_stack = DecodeStack(layers, scale(self.norm), attn.num_heads,
+                                            attn.num_kv_heads, attn.head_dim, self.norm.eps,
+                                            scale=attn.scale, act="gelu_tanh")
+        except ValueError:  # a shape the C step does not take
+            return False
+        for m in linears:
+            m.keeps_plain = not quantized
+        return True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head.forward(hidden)

@@ -256,6 +256,16 @@ class PagedCausalLM(nn.Module):
         self.embed_tokens = HeadEmbedding(stored, table.dtype)
         return True
 
+    def stack_matmuls(self) -> tuple[list[Linear], bool] | None:
+        """The layers' matmuls (the head aside) for the C decode step, and whether it
+        reads them stored (all quantized, or bf16 in an fp32 model) rather than plain;
+        None where it reads neither (a mix, or plain weights it does not take)."""
+        linears = [m for name, m in self.linear_layers().items() if name != "lm_head"]
+        quantized = all(m.quantized is not None for m in linears)
+        if not quantized and not all(m.takes_plain_rows() for m in linears):
+            return None
+        return linears, quantized
+
     def linear_layers(self) -> dict[str, Linear]:
         """Every matmul layer by its module name: q/k/v, o, gate/up, down and the head."""
         return {name: m for name, m in self.named_modules() if isinstance(m, Linear)}
@@ -322,12 +332,12 @@ class LlamaForCausalLM(PagedCausalLM):
         dtype = self.norm.weight.dtype
         norms = [self.norm.weight] + [w for layer in self.layers for w in (
             layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
-        linears = [m for name, m in self.linear_layers().items() if name != "lm_head"]
         if not (runs_here(dtype) and all(w.is_cpu and w.is_contiguous() for w in norms)):
             return False
-        quantized = all(m.quantized is not None for m in linears)
-        if not quantized and not all(m.takes_plain_rows() for m in linears):
+        matmuls = self.stack_matmuls()
+        if matmuls is None:
             return False
+        linears, quantized = matmuls
         layers = [
             StackLayer(
                 layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data,
