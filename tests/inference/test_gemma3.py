@@ -285,3 +285,22 @@ def test_a_multimodal_gemma3_checkpoint_runs_its_language_model():
     with torch.no_grad():
         ref = hf(input_ids=torch.tensor([ids])).logits[0]
     assert (runner.full_logits([seq], [len(ids)]) - ref).abs().max().item() < TOL
+
+
+def test_the_bf16_decode_step_refuses_gemma3_layers():
+    """Windows, output norms and gelu-tanh are the fp32 step's; a bf16 Gemma 3 engine
+    decodes with the torch forward."""
+    from kernels.decode_stack import DecodeStack, StackLayer
+
+    def w(out: int, inp: int) -> torch.Tensor:
+        return torch.zeros(out, inp, dtype=torch.bfloat16)
+
+    norm = torch.ones(64, dtype=torch.bfloat16)
+    plain = dict(input_norm=norm, post_norm=norm, qkv=w(128, 64), o=w(64, 64),
+                 gate_up=w(128, 64), down=w(64, 64))
+    DecodeStack([StackLayer(**plain)], norm, 4, 2, 16, 1e-6)  # the Llama layer: taken
+    for gemma in (dict(window=8), dict(attn_out_norm=norm), dict(rope=1)):
+        with pytest.raises(ValueError, match="fp32 step"):
+            DecodeStack([StackLayer(**plain, **gemma)], norm, 4, 2, 16, 1e-6)
+    with pytest.raises(ValueError, match="gelu_tanh"):
+        DecodeStack([StackLayer(**plain)], norm, 4, 2, 16, 1e-6, act="gelu_tanh")
