@@ -18,6 +18,7 @@ from inference.loader import auto_weight_dtype, load_weights, resolve_model_path
 from inference.metrics import EngineMetrics
 from inference.miss_reason import SALT
 from inference.model_runner import ModelRunner
+from inference.models.registry import text_config
 from inference.outputs import RequestOutput
 from inference.sampler import sample, token_logprobs
 from inference.sampling_params import InvalidRequestError, SamplingParams, check_context_length
@@ -72,7 +73,8 @@ class LLMEngine:
         self.model_name = config.model if config.model != str(path) else path.name
         self.max_model_len = min(
             config.max_model_len,
-            getattr(self.model_config, "max_position_embeddings", config.max_model_len),
+            getattr(text_config(self.model_config), "max_position_embeddings",
+                    config.max_model_len),
             self.runner.num_blocks * config.block_size,
         )
         self.kv = KVCacheManager(
@@ -93,7 +95,7 @@ class LLMEngine:
         self.requests: dict[str, list[Sequence]] = {}
         self.metrics = EngineMetrics()
         self._generate_ids = itertools.count()  # request ids of generate()
-        self.vocab_size = self.model_config.vocab_size
+        self.vocab_size = text_config(self.model_config).vocab_size
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
 
     def _eos_ids(self) -> set[int]:

@@ -9,7 +9,8 @@ import torch
 
 from inference.config import EngineConfig
 from inference.cpu_allocator import keep_heap_pages
-from inference.models.llama import LlamaForCausalLM
+from inference.models.llama import RotaryEmbedding
+from inference.models.registry import build_model, text_config
 from inference.quantize import quantize_model, quantized_cache_file
 from inference.sequence import Sequence
 from kernels.attention import AttentionMetadata
@@ -19,6 +20,9 @@ log = logging.getLogger(__name__)
 
 
 def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype) -> int:
+    """K and V of every layer for one block of tokens; the head_dim is the config's
+    own where it has one (Qwen3, Gemma 3), which need not be hidden / heads."""
+    model_config = text_config(model_config)
     heads = model_config.num_key_value_heads
     head_dim = getattr(model_config, "head_dim", None) or (
         model_config.hidden_size // model_config.num_attention_heads
@@ -38,7 +42,7 @@ class ModelRunner:
         self.dtype = config.torch_dtype
         self.block_size = config.block_size
         with torch.device(self.device):
-            model = LlamaForCausalLM(model_config)
+            model = build_model(model_config)
         model.load_hf_state_dict(state_dict)
         kind = self.stored_kind(config)
         if kind is not None:
@@ -70,12 +74,14 @@ class ModelRunner:
                      f" (quantized weights: a {copies / 2**20:.0f} MiB bf16 copy for many-row "
                      "matmuls; pack_weights=False drops it)" if copies else "")
         # Rotary frequencies stay fp32 for accuracy at long positions.
-        self.model.rotary.inv_freq = self.model.rotary.inv_freq.float()
+        for rotary in self.model.modules():
+            if isinstance(rotary, RotaryEmbedding):
+                rotary.inv_freq = rotary.inv_freq.float()
         per_block = kv_bytes_per_block(model_config, self.block_size, self.dtype)
         self.num_blocks = config.num_blocks or max(1, config.kv_cache_memory_bytes // per_block)
         self.kv_cache = torch.zeros(
             2,
-            model_config.num_hidden_layers,
+            text_config(model_config).num_hidden_layers,
             self.num_blocks,
             self.block_size,
             self.model.num_kv_heads,

@@ -31,10 +31,13 @@ def store_kvcache(key, value, k_cache, v_cache, slot_mapping, all_valid=None) ->
     return reference.store_kvcache(key, value, k_cache, v_cache, slot_mapping, all_valid)
 
 
-def paged_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float):
-    if _use_triton(query):
+def paged_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                    window: int | None = None):
+    """Causal attention over the paged cache; `window`: a sliding-window layer's
+    window (the torch path masks it: the Triton kernel has none)."""
+    if _use_triton(query) and not reference.window_applies(meta, window):
         from kernels import triton_attention
 
         if triton_attention.supports_attention(k_cache.shape[1]):
             return triton_attention.paged_attention(query, k_cache, v_cache, meta, scale)
-    return reference.paged_attention(query, k_cache, v_cache, meta, scale)
+    return reference.paged_attention(query, k_cache, v_cache, meta, scale, window)

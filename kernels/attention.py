@@ -113,6 +113,10 @@ class AttentionMetadata:
         return bool((self.slot_mapping >= 0).all())
 
     @cached_property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens)
+
+    @cached_property
     def query_lens(self) -> list[int]:
         q = self.query_start_loc
         return [q[i + 1] - q[i] for i in range(len(q) - 1)]
@@ -238,13 +242,18 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of every query token over its sequence's cached context.
 
     query: [num_tokens, num_heads, head_dim]. A sequence with q query tokens and
     context length L holds positions L-q .. L-1; query j sees keys 0 .. L-q+j.
     Grouped-query attention: num_heads is a multiple of the cache's kv heads.
+    A sliding-window layer (window W) also hides the keys W or more positions
+    before a query's own (see windowed_attention).
     """
+    if window_applies(meta, window):
+        return windowed_attention(query, k_cache, v_cache, meta, scale, window)
     decode = meta.decode_batch(k_cache.shape[1])
     if decode is not None and decode.all_rows:  # a step of decodes only: the common case
         return _decode_attention(query, k_cache, v_cache, decode, scale).to(query.dtype)
@@ -557,4 +566,103 @@ def _decode_attention(
     v = v_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : d.max_len]
     q = query.to(k.dtype).view(b, kv_heads, group, head_dim)
     o = _flash(q, k.transpose(1, 2), v.transpose(1, 2), d.mask(k.dtype), scale)
+    return o.reshape(b, -1, head_dim)
+
+
+def window_applies(meta: AttentionMetadata, window: int | None) -> bool:
+    """Whether a sliding window of `window` keys hides any key in this step: only
+    once some context is longer than the window (shorter ones take the plain paths)."""
+    return window is not None and meta.max_seq_len > window
+
+
+# A long chunk of a sliding-window layer attends a slice of queries at a time, each
+# over its own window: the mask stays a slice's queries x (slice + window) keys.
+_WINDOW_QUERY_SLICE = 256
+
+
+def windowed_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    """Causal sliding-window attention (Gemma's local layers, transformers'
+    sliding_window_overlay): the query at position p sees the keys at positions
+    p - window + 1 .. p. Every key stays in the cache; the window is a mask.
+
+    Decode rows attend in one padded flash call whose mask hides padding and the keys
+    before each row's window; each prefill chunk attends in slices of queries, each
+    slice over the blocks its window reaches."""
+    out = torch.empty_like(query)
+    block_size = k_cache.shape[1]
+    kv_heads = k_cache.shape[2]
+    group = query.shape[1] // kv_heads
+    decode = meta.decode_batch(block_size)
+    if decode is not None:
+        rows = query.index_select(0, decode.token_idx)
+        o = _windowed_decode(rows, k_cache, v_cache, decode, scale, window)
+        if decode.all_rows:
+            return o.to(query.dtype)
+        out.index_copy_(0, decode.token_idx, o.to(out.dtype))
+    for i, n in enumerate(meta.query_lens):
+        if n == 1:
+            continue
+        start, length = meta.query_start_loc[i], meta.seq_lens[i]
+        table = meta.block_tables[i]
+        for first in range(0, n, _WINDOW_QUERY_SLICE):
+            m = min(_WINDOW_QUERY_SLICE, n - first)
+            p0 = length - n + first  # the slice's first query position
+            # Keys from the first block the slice's first window reaches.
+            lo = max(0, p0 - window + 1) // block_size * block_size
+            hi = p0 + m  # one past the slice's last query position
+            blocks = table[lo // block_size : (hi + block_size - 1) // block_size]
+            k = k_cache.index_select(0, blocks).flatten(0, 1)[: hi - lo]
+            v = v_cache.index_select(0, blocks).flatten(0, 1)[: hi - lo]
+            q_pos = torch.arange(p0, hi, device=query.device)[:, None]
+            k_pos = torch.arange(lo, hi, device=query.device)[None, :]
+            hidden = (k_pos > q_pos) | (k_pos <= q_pos - window)
+            mask = torch.zeros(hidden.shape, dtype=k.dtype, device=query.device)
+            mask.masked_fill_(hidden, float("-inf"))
+            mask = mask.repeat(group, 1)[None, None]  # rows as _fold_groups orders them
+            q = query[start + first : start + first + m]
+            out[start + first : start + first + m] = _attend_over_prefix(
+                q, k, v, mask, scale
+            ).to(out.dtype)
+    return out
+
+
+def _windowed_decode(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    d: DecodeBatch,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    """Attention of the decode rows' queries [B, H, D] over the last `window` keys of
+    their contexts: in fp32 on the CPU, kernels/f32_kernels's C kernel (it starts each
+    row at its window); otherwise one flash call over the blocks from the earliest
+    window start to the longest context, padded, with an additive mask."""
+    if query.is_cpu and f32_kernels.runs_decode(k_cache):
+        q = query.to(k_cache.dtype).contiguous()
+        return f32_kernels.paged_decode_attention(q, k_cache, v_cache, d.tables, d.lens, scale,
+                                                  window)
+    b = d.tables.shape[0]
+    block_size, kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    group = query.shape[1] // kv_heads
+    first_block = max(0, int(d.lens.min()) - window) // block_size
+    tables = d.tables[:, first_block:]
+    offset = first_block * block_size  # the position of the gathered keys' first
+    span = d.max_len - offset
+    blocks = tables.reshape(-1)
+    k = k_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, :span]
+    v = v_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, :span]
+    positions = torch.arange(offset, d.max_len, device=d.lens.device)[None, :]
+    hidden = (positions >= d.lens[:, None]) | (positions < d.lens[:, None] - window)
+    mask = torch.zeros(hidden.shape, dtype=k.dtype, device=k.device)
+    mask = mask.masked_fill_(hidden, float("-inf"))[:, None, None, :]
+    q = query.to(k.dtype).view(b, kv_heads, group, head_dim)
+    o = _flash(q, k.transpose(1, 2), v.transpose(1, 2), mask, scale)
     return o.reshape(b, -1, head_dim)

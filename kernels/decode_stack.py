@@ -1,5 +1,6 @@
-"""A whole decode step in one C call: every layer of a Llama-family model for a few
-rows of one new token each, then the final norm, for matmul weights that are all
+"""A whole decode step in one C call: every layer of a Llama-family model (or, in
+fp32, a Gemma 3 one) for a few rows of one new token each, then the final norm, for
+matmul weights that are all
 stored (quantized, or bf16 on an fp32 step) or all plain, with widths that are
 multiples of 64. Same ops as the torch forward, without its ~300 Python-dispatched
 ops and per-kernel thread wake-ups. Two builds of it:
@@ -46,6 +47,10 @@ class _Layer(ctypes.Structure):
         ("down", _Matmul),
         ("q_norm", ctypes.c_void_p),
         ("k_norm", ctypes.c_void_p),
+        ("attn_out_norm", ctypes.c_void_p),
+        ("mlp_out_norm", ctypes.c_void_p),
+        ("window", ctypes.c_int64),
+        ("rope", ctypes.c_int64),
     ]
 
 
@@ -62,6 +67,7 @@ class _Model(ctypes.Structure):
         ("scale", ctypes.c_float),
         ("layer", ctypes.POINTER(_Layer)),
         ("norm", ctypes.c_void_p),
+        ("act", ctypes.c_int64),
     ]
 
 
@@ -71,7 +77,10 @@ Weight = QuantizedWeight | torch.Tensor  # stored, or plain [out, in] in the ste
 @dataclass
 class StackLayer:
     """One decoder layer's weights: norms in the step's dtype, the matmuls' weights,
-    q/k/v's bias if any, and Qwen3's per-head q and k norms if any (the fp32 step's)."""
+    q/k/v's bias if any, and Qwen3's per-head q and k norms if any (the fp32 step's).
+    Gemma 3's parts (the fp32 step's): norms of the attention's and the MLP's outputs
+    before each joins the residual stream (post_norm is then the pre-MLP norm), a
+    sliding window (0: none), and which cos/sin set of the step its RoPE takes."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -82,6 +91,10 @@ class StackLayer:
     qkv_bias: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+    attn_out_norm: torch.Tensor | None = None
+    mlp_out_norm: torch.Tensor | None = None
+    window: int = 0
+    rope: int = 0
 
 
 # The C kinds: csrc/kernels.h for the bf16 step (plain bf16 is 2), csrc/f32/f32.h for
@@ -90,6 +103,8 @@ C_KINDS = {"int8": 0, "int4": 1, "uint8": 3}
 PLAIN_BF16 = 2
 F32_KINDS = f32_kernels.KINDS
 STEP_DTYPES = (torch.bfloat16, torch.float32)
+# The MLP's activation on its gate (csrc/stack.h).
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
 
 def dims(w: Weight) -> tuple[int, int]:
@@ -141,7 +156,10 @@ class DecodeStack:
     their addresses, and a reference to each)."""
 
     def __init__(self, layers: list[StackLayer], norm: torch.Tensor, heads: int,
-                 kv_heads: int, head_dim: int, eps: float):
+                 kv_heads: int, head_dim: int, eps: float, scale: float | None = None,
+                 act: str = "silu"):
+        """scale: the attention's (head_dim ** -0.5 unless given); act: the MLP's
+        activation (ACTIVATIONS)."""
         hidden, dtype = norm.shape[0], norm.dtype
         if dtype not in STEP_DTYPES:
             raise ValueError(f"no C decode step in {dtype}")
@@ -165,6 +183,17 @@ class DecodeStack:
                     and _vector(layer.k_norm, head_dim, dtype)):
                 raise ValueError("per-head q/k norms: both, fp32 and of the head size (the "
                                  "bf16 step has none)")
+            out_norms = [n for n in (layer.attn_out_norm, layer.mlp_out_norm) if n is not None]
+            gemma = out_norms or layer.window or layer.rope
+            if gemma and dtype != torch.float32:
+                raise ValueError("Gemma 3's layers are the fp32 step's (the bf16 step has "
+                                 "no output norms, window or second RoPE)")
+            if not all(_vector(n, hidden, dtype) for n in out_norms):
+                raise ValueError(f"expected contiguous {dtype} output norms of the hidden size")
+            if layer.window < 0 or layer.rope not in (0, 1):
+                raise ValueError("a window is a token count (0: none); rope is 0 or 1")
+        if act not in ACTIVATIONS or act != "silu" and dtype != torch.float32:
+            raise ValueError(f"no {act!r} activation in the {dtype} step")
         if not _vector(norm, hidden, dtype):
             raise ValueError(f"expected a contiguous {dtype} final norm weight")
         self._keep = (layers, norm)
@@ -173,12 +202,17 @@ class DecodeStack:
                    _matmul(w.o, None, dtype), _matmul(w.gate_up, None, dtype),
                    _matmul(w.down, None, dtype),
                    None if w.q_norm is None else w.q_norm.data_ptr(),
-                   None if w.k_norm is None else w.k_norm.data_ptr())
+                   None if w.k_norm is None else w.k_norm.data_ptr(),
+                   None if w.attn_out_norm is None else w.attn_out_norm.data_ptr(),
+                   None if w.mlp_out_norm is None else w.mlp_out_norm.data_ptr(),
+                   w.window, w.rope)
             for w in layers
         ))
         self._model = _Model(len(layers), hidden, heads, kv_heads, head_dim, inter, 0, eps,
-                             head_dim**-0.5, self._layers, norm.data_ptr())
+                             head_dim**-0.5 if scale is None else scale, self._layers,
+                             norm.data_ptr(), ACTIVATIONS[act])
         self.hidden, self.head_dim, self.kv_heads, self.dtype = hidden, head_dim, kv_heads, dtype
+        self.ropes = 1 + max(w.rope for w in layers)
         self.max_rows = MAX_ROWS if dtype == torch.bfloat16 else MAX_F32_ROWS
 
     def runs(self, rows: int, kv_cache: torch.Tensor) -> bool:
@@ -199,13 +233,14 @@ class DecodeStack:
                  lens: torch.Tensor) -> torch.Tensor:
         """The final-normed hidden states [rows, hidden] after every layer, for new
         tokens' embeddings x [rows, hidden] (overwritten with the residual stream) at
-        cos/sin [rows, head_dim] (sin sign-folded; all in the step's dtype), stored at slots [rows], over
-        contexts of lens [rows] tokens (the new one included) read through tables."""
+        cos/sin [rows, head_dim] (sin sign-folded; all in the step's dtype; [2, rows,
+        head_dim] for layers of two RoPEs), stored at slots [rows], over contexts of
+        lens [rows] tokens (the new one included) read through tables."""
         rows = x.shape[0]
         if not self.runs(rows, kv_cache):
             raise ValueError("the decode step does not take this batch or cache")
-        for t, shape in ((x, (rows, self.hidden)), (cos, (rows, self.head_dim)),
-                         (sin, (rows, self.head_dim))):
+        rope = (rows, self.head_dim) if self.ropes == 1 else (self.ropes, rows, self.head_dim)
+        for t, shape in ((x, (rows, self.hidden)), (cos, rope), (sin, rope)):
             if t.dtype != self.dtype or tuple(t.shape) != shape or not t.is_contiguous():
                 raise ValueError(f"expected contiguous {self.dtype} {shape}, got {tuple(t.shape)}")
         for t in (slots, lens):

@@ -56,7 +56,7 @@ def _library() -> ctypes.CDLL | None:
     lib.f32_dequant.argtypes = (ctypes.c_int, ptr, ptr, i64, i64, i64, ptr, ctypes.c_int)
     lib.f32_dequant.restype = ctypes.c_int
     lib.f32_paged_decode_attention.argtypes = (
-        (ptr,) * 4 + (i64, ptr, ptr) + (i64,) * 5 + (ctypes.c_float, ctypes.c_int)
+        (ptr,) * 4 + (i64, ptr, ptr) + (i64,) * 5 + (ctypes.c_float, i64, ctypes.c_int)
     )
     lib.f32_paged_decode_attention.restype = ctypes.c_int
     lib.f32_decode_stack.argtypes = (
@@ -146,10 +146,11 @@ def runs_decode(k_cache: torch.Tensor) -> bool:
 
 
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           tables: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
+                           tables: torch.Tensor, lens: torch.Tensor, scale: float,
+                           window: int | None = None) -> torch.Tensor:
     """Attention of one query token per sequence, query [B, H, D], over its first
     lens[b] cached tokens read through tables from fp32 caches [blocks, block_size,
-    kv_heads, D]: fp32 [B, H, D]."""
+    kv_heads, D]: fp32 [B, H, D]. A sliding window sees only the last `window` of them."""
     lib = loaded()
     check_paged_decode(query, k_cache, v_cache, tables, lens, torch.float32)
     batch, heads, head_dim = query.shape
@@ -158,7 +159,7 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     rc = lib.f32_paged_decode_attention(
         query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
         tables.stride(0), lens.data_ptr(), out.data_ptr(), batch, heads, kv_heads, head_dim,
-        block_size, scale, torch.get_num_threads(),
+        block_size, scale, window or 0, torch.get_num_threads(),
     )
     if rc == 2:
         raise ValueError(f"head_dim {head_dim} is not a multiple of 8 up to 256")

@@ -113,10 +113,14 @@ class RMSNorm(nn.Module):
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding; transformers computes the frequencies (any rope type)."""
 
-    def __init__(self, config, device=None):
+    def __init__(self, config, device=None, layer_type: str | None = None):
+        """layer_type: the key of this rotary's parameters in a config that holds one set
+        per kind of layer (Gemma 3's sliding_attention and full_attention)."""
         super().__init__()
         rope_type = "default"
         params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+        if layer_type is not None:
+            params = params[layer_type]
         if isinstance(params, dict):
             rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type == "default":
@@ -125,7 +129,8 @@ class RotaryEmbedding(nn.Module):
             inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
             scaling = 1.0
         else:
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, device)
+            kwargs = {} if layer_type is None else {"layer_type": layer_type}
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, device, **kwargs)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.scaling = scaling
 
@@ -204,34 +209,14 @@ class DecoderLayer(nn.Module):
         return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
-class LlamaForCausalLM(nn.Module):
-    """Llama-family decoder; Qwen2 differs by the bias on q/k/v, Qwen3 by an RMSNorm on
-    each q and k head before RoPE (and an explicit head_dim).
-
-    Inside the model, modules call their children's forward() directly: none has
-    hooks, and nn.Module.__call__ costs a few microseconds a call, which adds up over
-    a decode step's ~270 calls.
-    """
+class PagedCausalLM(nn.Module):
+    """What every model family here shares: its matmul layers (Linear), packing and
+    quantization hooks, the tied-head embedding and the output head. A family gives
+    embed_tokens, layers (each with self_attn), lm_head, tie_word_embeddings, forward,
+    build_decode_stack and load_hf_state_dict."""
 
     # The whole decode step in C where the weights allow (see build_decode_stack).
     decode_stack: DecodeStack | None = None
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-        bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, bias) for _ in range(config.num_hidden_layers)
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        if self.tie_word_embeddings:
-            # One Parameter for both. Packing gives the head its own packed copy and
-            # leaves the embedding table plain for lookups.
-            self.lm_head.weight = self.embed_tokens.weight
 
     @property
     def num_kv_heads(self) -> int:
@@ -240,25 +225,6 @@ class LlamaForCausalLM(nn.Module):
     @property
     def head_dim(self) -> int:
         return self.layers[0].self_attn.head_dim
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        """Hidden states [num_tokens, hidden]; kv_cache is [2, layers, blocks, bs, kv_heads, dim]."""
-        x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions, x.dtype)
-        if self.decode_stack is not None:
-            d = meta.decode_batch(kv_cache.shape[3])
-            if d is not None and d.all_rows and self.decode_stack.runs(len(d.rows), kv_cache):
-                return self.decode_stack(x, cos.squeeze(1), sin.squeeze(1), meta.slot_mapping,
-                                         kv_cache, d.tables, d.lens)
-        for i, layer in enumerate(self.layers):
-            x = layer.forward(x, cos, sin, kv_cache[0, i], kv_cache[1, i], meta)
-        return self.norm.forward(x)
 
     def pack_weights(self, batch_hint: int | None = None) -> bool:
         """Pack every matmul weight for oneDNN where this CPU build can (bf16);
@@ -290,6 +256,71 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = HeadEmbedding(stored, table.dtype)
         return True
 
+    def stack_matmuls(self) -> tuple[list[Linear], bool] | None:
+        """The layers' matmuls (the head aside) for the C decode step, and whether it
+        reads them stored (all quantized, or bf16 in an fp32 model) rather than plain;
+        None where it reads neither (a mix, or plain weights it does not take)."""
+        linears = [m for name, m in self.linear_layers().items() if name != "lm_head"]
+        quantized = all(m.quantized is not None for m in linears)
+        if not quantized and not all(m.takes_plain_rows() for m in linears):
+            return None
+        return linears, quantized
+
+    def linear_layers(self) -> dict[str, Linear]:
+        """Every matmul layer by its module name: q/k/v, o, gate/up, down and the head."""
+        return {name: m for name, m in self.named_modules() if isinstance(m, Linear)}
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] in the model's dtype: greedy rows need only their
+        argmax, which a cast to fp32 (exact for bf16) would not change."""
+        return self.lm_head.forward(hidden)
+
+
+class LlamaForCausalLM(PagedCausalLM):
+    """Llama-family decoder; Qwen2 differs by the bias on q/k/v, Qwen3 by an RMSNorm on
+    each q and k head before RoPE (and an explicit head_dim).
+
+    Inside the model, modules call their children's forward() directly: none has
+    hooks, and nn.Module.__call__ costs a few microseconds a call, which adds up over
+    a decode step's ~270 calls.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, bias) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        if self.tie_word_embeddings:
+            # One Parameter for both. Packing gives the head its own packed copy and
+            # leaves the embedding table plain for lookups.
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden]; kv_cache is [2, layers, blocks, bs, kv_heads, dim]."""
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        if self.decode_stack is not None:
+            d = meta.decode_batch(kv_cache.shape[3])
+            if d is not None and d.all_rows and self.decode_stack.runs(len(d.rows), kv_cache):
+                return self.decode_stack(x, cos.squeeze(1), sin.squeeze(1), meta.slot_mapping,
+                                         kv_cache, d.tables, d.lens)
+        for i, layer in enumerate(self.layers):
+            x = layer.forward(x, cos, sin, kv_cache[0, i], kv_cache[1, i], meta)
+        return self.norm.forward(x)
+
     def build_decode_stack(self) -> bool:
         """Run decode steps of a few sequences as one C call (kernels.decode_stack)
         where it can: on a CPU whose path has the step in the model's dtype (bf16 on
@@ -301,12 +332,12 @@ class LlamaForCausalLM(nn.Module):
         dtype = self.norm.weight.dtype
         norms = [self.norm.weight] + [w for layer in self.layers for w in (
             layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
-        linears = [m for name, m in self.linear_layers().items() if name != "lm_head"]
         if not (runs_here(dtype) and all(w.is_cpu and w.is_contiguous() for w in norms)):
             return False
-        quantized = all(m.quantized is not None for m in linears)
-        if not quantized and not all(m.takes_plain_rows() for m in linears):
+        matmuls = self.stack_matmuls()
+        if matmuls is None:
             return False
+        linears, quantized = matmuls
         layers = [
             StackLayer(
                 layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data,
@@ -329,15 +360,6 @@ class LlamaForCausalLM(nn.Module):
         for m in linears:
             m.keeps_plain = not quantized
         return True
-
-    def linear_layers(self) -> dict[str, Linear]:
-        """Every matmul layer by its module name: q/k/v, o, gate/up, down and the head."""
-        return {name: m for name, m in self.named_modules() if isinstance(m, Linear)}
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, vocab] in the model's dtype: greedy rows need only their
-        argmax, which a cast to fp32 (exact for bf16) would not change."""
-        return self.lm_head.forward(hidden)
 
     @torch.no_grad()
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:

@@ -124,8 +124,12 @@ int decode_stack(const stack_model *m, uint16_t *x, int64_t rows, const uint16_t
     int64_t in_pad, width;
     stack_widths(m, &in_pad, &width);
     if (m->layers < 1 || m->layer[0].qkv.out != qkv_out || m->layer[0].gate_up.out != 2 * inter
-        || m->layer[0].q_norm)
+        || m->layer[0].q_norm || m->act != STACK_SILU)
         return 2;
+    for (int64_t l = 0; l < m->layers; l++) /* Gemma 3's parts are the fp32 step's */
+        if (m->layer[l].attn_out_norm || m->layer[l].mlp_out_norm || m->layer[l].window
+            || m->layer[l].rope)
+            return 2;
     float *xf = aligned_alloc(64, (size_t)quant_act_bytes(rows, in_pad));
     uint16_t *buf = malloc((size_t)(rows * (hidden + width + q_size + q_size + inter)) * 2);
     if (!xf || !buf) {

@@ -1,4 +1,4 @@
-/* A Llama-family model's weights as the fused decode steps read them
+/* A Llama-family (or, in fp32, Gemma 3) model's weights as the fused decode steps read them
    (decode_stack.c in bf16, f32/decode.c in fp32); kernels/decode_stack.py fills
    the same structs with ctypes. Vectors (norms, biases) are in the step's dtype. */
 #ifndef PREFIXCHAT_STACK_H
@@ -20,13 +20,23 @@ typedef struct {
     /* Qwen3's RMSNorm over each q and each k head before RoPE: [head_dim] each, or NULL
        (the fp32 step only; the bf16 step refuses a model that has them). */
     const void *q_norm, *k_norm;
+    /* Gemma 3 (the fp32 step only): norms of the attention's and of the MLP's output
+       before each joins the residual stream ([hidden] each, or NULL); a sliding window
+       of `window` tokens (0: the whole context); which of the step's cos/sin sets the
+       layer's RoPE takes (0 or 1). */
+    const void *attn_out_norm, *mlp_out_norm;
+    int64_t window, rope;
 } stack_layer;
+
+/* The MLP's activation on its gate. */
+enum { STACK_SILU = 0, STACK_GELU_TANH = 1 };
 
 typedef struct {
     int64_t layers, hidden, heads, kv_heads, head_dim, inter, block_size;
     float eps, scale;
     const stack_layer *layer;
     const void *norm; /* the final norm's weight */
+    int64_t act;      /* STACK_SILU or STACK_GELU_TANH (the fp32 step only) */
 } stack_model;
 
 /* The widest padded input and the widest output of any layer's matmuls: the sizes

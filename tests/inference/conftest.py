@@ -17,13 +17,21 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def make_tiny_model(dest: Path, model_type: str = "llama", seed: int = 0, tied: bool = True,
-                    **extra) -> Path:
+                    norm_std: float = 0.0, **extra) -> Path:
     """A 2-layer random model with SmolLM2's tokenizer (so text round-trips); `extra`
-    goes to the config (Qwen3's head_dim, a rope scaling, ...)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+    goes to the config (Qwen3's head_dim, a rope scaling, Gemma 3's layer types, ...).
+    norm_std > 0 draws the norms' weights too (around their init)."""
+    from transformers import (
+        AutoModelForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[model_type]
-    config = cls(
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+           "gemma3_text": Gemma3TextConfig}[model_type]
+    fields = dict(
         vocab_size=49152,
         hidden_size=64,
         intermediate_size=128,
@@ -35,8 +43,8 @@ def make_tiny_model(dest: Path, model_type: str = "llama", seed: int = 0, tied: 
         rms_norm_eps=1e-5,
         bos_token_id=1,
         eos_token_id=2,
-        **extra,
     )
+    config = cls(**(fields | extra))
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     # Larger weights than the default init make logits sharp enough to be meaningful.
@@ -46,6 +54,8 @@ def make_tiny_model(dest: Path, model_type: str = "llama", seed: int = 0, tied: 
                 p.normal_(0, 0.08)
             elif "bias" in [n for n, q in model.named_parameters() if q is p][0]:
                 p.normal_(0, 0.05)
+            elif norm_std:
+                p.add_(torch.randn_like(p), alpha=norm_std)
     model.save_pretrained(dest)
     src = resolve_model_path()
     for name in TOKENIZER_FILES:

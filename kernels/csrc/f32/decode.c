@@ -1,6 +1,6 @@
 /* Decode in fp32: attention of one new token per sequence over the paged KV cache,
-   and a whole decode step of a Llama-family model in one call, as the torch
-   forward of inference/models/llama.py computes it in fp32 (the same ops in the
+   and a whole decode step of a Llama-family or Gemma 3 model in one call, as the torch
+   forwards of inference/models/llama.py and gemma3.py compute it in fp32 (the same ops in the
    same order; sums in another order). One parallel region runs the step: the
    threads share each matmul and each attention, and one of them does the small
    per-row ops between them while the others wait at the barrier. */
@@ -39,39 +39,40 @@ static float softmax_unnormalised(float *s, int64_t n) {
    place through table; chunks = head_dim / 8, a constant at the call sites so the
    loops over it unroll. */
 static ALWAYS_INLINE void attend(const float *q, const float *k_cache, const float *v_cache,
-                                 const int64_t *table, int64_t len, float *out, int64_t group,
-                                 int64_t kv_heads, int64_t kv_head, int64_t block_size,
-                                 float scale, float *scores, const int chunks) {
+                                 const int64_t *table, int64_t start, int64_t len, float *out,
+                                 int64_t group, int64_t kv_heads, int64_t kv_head,
+                                 int64_t block_size, float scale, float *scores, const int chunks) {
     const int64_t head_dim = (int64_t)chunks * LANES;
     const int64_t token_stride = kv_heads * head_dim, block_stride = block_size * token_stride;
-    for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+    const int64_t keys = len - start; /* the tokens start .. len - 1 */
+    for (int64_t t0 = start - start % block_size; t0 < len; t0 += block_size) {
         const int64_t base = table[t0 / block_size] * block_stride + kv_head * head_dim;
         const int64_t n = len - t0 < block_size ? len - t0 : block_size;
-        for (int64_t off = 0; off < n; off++) {
+        for (int64_t off = t0 < start ? start - t0 : 0; off < n; off++) {
             const float *k = k_cache + base + off * token_stride;
             f8 kv[MAX_CHUNKS];
             for (int c = 0; c < chunks; c++) kv[c] = load8(k + LANES * c);
             for (int64_t g = 0; g < group; g++) {
                 f8 acc = splat(0.0f);
                 for (int c = 0; c < chunks; c++) acc += load8(q + g * head_dim + LANES * c) * kv[c];
-                scores[g * len + t0 + off] = hsum(acc) * scale;
+                scores[g * keys + t0 + off - start] = hsum(acc) * scale;
             }
         }
     }
     float inv[64];
     for (int64_t g = 0; g < group; g++) {
-        inv[g] = softmax_unnormalised(scores + g * len, len);
+        inv[g] = softmax_unnormalised(scores + g * keys, keys);
         for (int64_t i = 0; i < head_dim; i++) out[g * head_dim + i] = 0.0f;
     }
-    for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+    for (int64_t t0 = start - start % block_size; t0 < len; t0 += block_size) {
         const int64_t base = table[t0 / block_size] * block_stride + kv_head * head_dim;
         const int64_t n = len - t0 < block_size ? len - t0 : block_size;
-        for (int64_t off = 0; off < n; off++) {
+        for (int64_t off = t0 < start ? start - t0 : 0; off < n; off++) {
             const float *v = v_cache + base + off * token_stride;
             f8 vv[MAX_CHUNKS];
             for (int c = 0; c < chunks; c++) vv[c] = load8(v + LANES * c);
             for (int64_t g = 0; g < group; g++) {
-                const f8 p = splat(scores[g * len + t0 + off]);
+                const f8 p = splat(scores[g * keys + t0 + off - start]);
                 float *o = out + g * head_dim;
                 for (int c = 0; c < chunks; c++) store8(o + LANES * c, load8(o + LANES * c) + p * vv[c]);
             }
@@ -92,7 +93,8 @@ int64_t f32_attention_floats(const int64_t *lens, int64_t batch, int64_t heads,
 void f32_attention_tasks(const float *query, const float *k_cache, const float *v_cache,
                          const int64_t *tables, int64_t table_stride, const int64_t *lens,
                          float *out, int64_t batch, int64_t heads, int64_t kv_heads,
-                         int64_t head_dim, int64_t block_size, float scale, float *scores) {
+                         int64_t head_dim, int64_t block_size, float scale, int64_t window,
+                         float *scores) {
     const int64_t group = heads / kv_heads;
     const int chunks = (int)(head_dim / LANES);
 #pragma omp for schedule(dynamic, 1)
@@ -102,7 +104,9 @@ void f32_attention_tasks(const float *query, const float *k_cache, const float *
         const float *q = query + (b * heads + h * group) * head_dim;
         float *o = out + (b * heads + h * group) * head_dim;
         const int64_t *table = tables + b * table_stride;
-#define ATTEND(C) attend(q, k_cache, v_cache, table, lens[b], o, group, kv_heads, h, block_size, scale, scores, C)
+        /* A sliding window sees the last `window` tokens only. */
+        const int64_t start = window > 0 && lens[b] > window ? lens[b] - window : 0;
+#define ATTEND(C) attend(q, k_cache, v_cache, table, start, lens[b], o, group, kv_heads, h, block_size, scale, scores, C)
         switch (chunks) {
         case 2: ATTEND(2); break;
         case 4: ATTEND(4); break;
@@ -121,12 +125,14 @@ static int attention_shape_ok(int64_t heads, int64_t kv_heads, int64_t head_dim)
 }
 
 /* query and out [batch, heads, head_dim]; caches [blocks, block_size, kv_heads,
-   head_dim]; tables [batch, >= ceil(lens / block_size)] rows table_stride apart.
+   head_dim]; tables [batch, >= ceil(lens / block_size)] rows table_stride apart;
+   window: a sliding window's length (each row sees its last `window` tokens), or 0.
    Returns 0, 1 for no memory, 2 for a bad shape. */
 int f32_paged_decode_attention(const float *query, const float *k_cache, const float *v_cache,
                                const int64_t *tables, int64_t table_stride, const int64_t *lens,
                                float *out, int64_t batch, int64_t heads, int64_t kv_heads,
-                               int64_t head_dim, int64_t block_size, float scale, int threads) {
+                               int64_t head_dim, int64_t block_size, float scale, int64_t window,
+                               int threads) {
     if (!attention_shape_ok(heads, kv_heads, head_dim)) return 2;
     const int64_t floats = f32_attention_floats(lens, batch, heads, kv_heads, head_dim);
     int failed = 0;
@@ -138,7 +144,7 @@ int f32_paged_decode_attention(const float *query, const float *k_cache, const f
             failed = 1;
         }
         f32_attention_tasks(query, k_cache, v_cache, tables, table_stride, lens, out, batch, heads,
-                            kv_heads, head_dim, block_size, scale, scores);
+                            kv_heads, head_dim, block_size, scale, window, scores);
         free(scores);
     }
     return failed;
@@ -184,7 +190,44 @@ static void matmul(const stack_matmul *w, const float *act, int64_t rows, float 
     }
 }
 
-/* The fp32 counterpart of decode_stack (csrc/decode_stack.c), same arguments. */
+/* The MLP's activation on gate g times up u, into a [inter], zero-padded to pad:
+   silu(g) * u, or gelu-tanh(g) * u (0.5 g (1 + tanh y) is g * sigmoid(2y), y =
+   sqrt(2 / pi) (g + 0.044715 g^3)). */
+static void activate(const float *g, const float *u, float *a, int64_t inter, int64_t pad,
+                     int64_t act) {
+    int64_t i = 0;
+    if (act == STACK_GELU_TANH) {
+        const float c = 0.7978845608028654f, k = 0.044715f;
+        for (; i + LANES <= inter; i += LANES) {
+            const f8 gv = load8(g + i);
+            const f8 y2 = splat(-2.0f * c) * (gv + splat(k) * gv * gv * gv);
+            store8(a + i, gv / (splat(1.0f) + exp8(y2)) * load8(u + i));
+        }
+        for (; i < inter; i++)
+            a[i] = g[i] / (1.0f + expf(-2.0f * c * (g[i] + k * g[i] * g[i] * g[i]))) * u[i];
+    } else {
+        for (; i + LANES <= inter; i += LANES) {
+            const f8 gv = load8(g + i);
+            store8(a + i, gv / (splat(1.0f) + exp8(-gv)) * load8(u + i));
+        }
+        for (; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+    for (; i < pad; i++) a[i] = 0.0f;
+}
+
+/* x += norm(y) where the layer norms a sub-layer's output (Gemma 3), else x += y;
+   one row of hidden. */
+static void add_output(float *x, const float *y, const float *norm, float *tmp, int64_t hidden,
+                       float eps) {
+    if (norm) {
+        rms_norm_row(y, norm, tmp, hidden, hidden, eps);
+        y = tmp;
+    }
+    for (int64_t i = 0; i < hidden; i++) x[i] += y[i];
+}
+
+/* The fp32 counterpart of decode_stack (csrc/decode_stack.c), same arguments; cos and
+   sin hold one [rows, head_dim] set per RoPE the layers take (stack_layer.rope). */
 int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *cos,
                      const float *sin, const int64_t *slots, float *kv, int64_t num_blocks,
                      const int64_t *tables, int64_t table_stride, const int64_t *lens, float *out,
@@ -198,9 +241,10 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
     int64_t in_pad, width;
     stack_widths(m, &in_pad, &width);
     if (m->layer[0].qkv.out != qkv_out || m->layer[0].gate_up.out != 2 * inter) return 2;
-    float *buf = malloc((size_t)(rows * (in_pad + width + 2 * q_size)) * sizeof(float));
+    float *buf = malloc((size_t)(rows * (in_pad + width + 2 * q_size) + hidden) * sizeof(float));
     if (!buf) return 1;
     float *act = buf, *y = act + rows * in_pad, *q = y + rows * width, *attn = q + rows * q_size;
+    float *normed = attn + rows * q_size; /* one row of a sub-layer's normed output */
     const int64_t floats = f32_attention_floats(lens, rows, heads, kv_heads, hd);
     int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -229,7 +273,8 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
                         rms_norm_row(row + q_size + h * hd, L->k_norm, row + q_size + h * hd, hd,
                                      hd, m->eps);
                 }
-                rotate(row, cos + r * hd, sin + r * hd, heads + kv_heads, hd);
+                const int64_t at = (L->rope * rows + r) * hd;
+                rotate(row, cos + at, sin + at, heads + kv_heads, hd);
                 memcpy(q + r * q_size, row, (size_t)q_size * sizeof(float));
                 if (slots[r] >= 0) {
                     memcpy(k_cache + slots[r] * token, row + q_size, (size_t)kv_size * sizeof(float));
@@ -238,34 +283,27 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
                 }
             }
             f32_attention_tasks(q, k_cache, v_cache, tables, table_stride, lens, attn, rows, heads,
-                                kv_heads, hd, m->block_size, m->scale, scores);
+                                kv_heads, hd, m->block_size, m->scale, L->window, scores);
 #pragma omp single
             f32_pad_rows(act, attn, rows, q_size, L->o.in_pad);
             matmul(&L->o, act, rows, y);
 #pragma omp single
             for (int64_t r = 0; r < rows; r++) {
                 float *xr = x + r * hidden;
-                for (int64_t i = 0; i < hidden; i++) xr[i] += y[r * hidden + i];
+                add_output(xr, y + r * hidden, L->attn_out_norm, normed, hidden, m->eps);
                 rms_norm_row(xr, L->post_norm, act + r * L->gate_up.in_pad, hidden,
                              L->gate_up.in_pad, m->eps);
             }
             matmul(&L->gate_up, act, rows, y);
 #pragma omp single
             for (int64_t r = 0; r < rows; r++) {
-                const float *g = y + r * 2 * inter, *u = g + inter;
-                float *a = act + r * L->down.in_pad;
-                int64_t i = 0;
-                for (; i + LANES <= inter; i += LANES) {
-                    const f8 gv = load8(g + i);
-                    store8(a + i, gv / (splat(1.0f) + exp8(-gv)) * load8(u + i));
-                }
-                for (; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-                for (; i < L->down.in_pad; i++) a[i] = 0.0f;
+                const float *g = y + r * 2 * inter;
+                activate(g, g + inter, act + r * L->down.in_pad, inter, L->down.in_pad, m->act);
             }
             matmul(&L->down, act, rows, y);
 #pragma omp single
             for (int64_t r = 0; r < rows; r++)
-                for (int64_t i = 0; i < hidden; i++) x[r * hidden + i] += y[r * hidden + i];
+                add_output(x + r * hidden, y + r * hidden, L->mlp_out_norm, normed, hidden, m->eps);
         }
 #pragma omp single
         for (int64_t r = 0; r < rows; r++)

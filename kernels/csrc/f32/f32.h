@@ -31,6 +31,7 @@ int64_t f32_attention_floats(const int64_t *lens, int64_t batch, int64_t heads,
 void f32_attention_tasks(const float *query, const float *k_cache, const float *v_cache,
                          const int64_t *tables, int64_t table_stride, const int64_t *lens,
                          float *out, int64_t batch, int64_t heads, int64_t kv_heads,
-                         int64_t head_dim, int64_t block_size, float scale, float *scores);
+                         int64_t head_dim, int64_t block_size, float scale, int64_t window,
+                         float *scores);
 
 #endif

@@ -18,7 +18,8 @@ int f32_dequant(int kind, const void *w, const uint16_t *w_scale, int64_t out, i
 int f32_paged_decode_attention(const float *query, const float *k_cache, const float *v_cache,
                                const int64_t *tables, int64_t table_stride, const int64_t *lens,
                                float *out, int64_t batch, int64_t heads, int64_t kv_heads,
-                               int64_t head_dim, int64_t block_size, float scale, int threads);
+                               int64_t head_dim, int64_t block_size, float scale, int64_t window,
+                               int threads);
 
 static int passed, failed;
 
@@ -162,7 +163,10 @@ static void test_linear(int kind, const char *name, int64_t out, int64_t in) {
     free(scale);
 }
 
-static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t len) {
+/* window: a sliding window's length, or 0 for the whole context. */
+static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t len,
+                           int64_t window) {
+    const int64_t start = window > 0 && len > window ? len - window : 0;
     const int64_t block_size = 16, blocks = (len + 15) / 16 + 3, token = kv_heads * head_dim;
     float *k = malloc((size_t)(blocks * block_size * token) * sizeof(float));
     float *v = malloc((size_t)(blocks * block_size * token) * sizeof(float));
@@ -179,7 +183,7 @@ static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, in
     for (int64_t h = 0; h < heads; h++) {
         const int64_t kvh = h / (heads / kv_heads);
         double mx = -INFINITY, sum = 0.0;
-        for (int64_t t = 0; t < len; t++) {
+        for (int64_t t = start; t < len; t++) {
             const int64_t slot = table[t / block_size] * block_size + t % block_size;
             double s = 0.0;
             for (int64_t c = 0; c < head_dim; c++)
@@ -187,8 +191,8 @@ static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, in
             p[t] = s * scale;
             mx = p[t] > mx ? p[t] : mx;
         }
-        for (int64_t t = 0; t < len; t++) sum += p[t] = exp(p[t] - mx);
-        for (int64_t t = 0; t < len; t++) {
+        for (int64_t t = start; t < len; t++) sum += p[t] = exp(p[t] - mx);
+        for (int64_t t = start; t < len; t++) {
             const int64_t slot = table[t / block_size] * block_size + t % block_size;
             for (int64_t c = 0; c < head_dim; c++) {
                 const double val = v[slot * token + kvh * head_dim + c];
@@ -199,10 +203,12 @@ static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, in
     }
     const int64_t lens[1] = {len};
     const int rc = f32_paged_decode_attention(q, k, v, table, blocks, lens, o, 1, heads, kv_heads,
-                                              head_dim, block_size, scale, 2);
-    char what[96];
-    snprintf(what, sizeof what, "decode attention %lld heads over %lld, dim %lld, %lld tokens",
-             (long long)heads, (long long)kv_heads, (long long)head_dim, (long long)len);
+                                              head_dim, block_size, scale, window, 2);
+    char what[128];
+    snprintf(what, sizeof what,
+             "decode attention %lld heads over %lld, dim %lld, %lld tokens, window %lld",
+             (long long)heads, (long long)kv_heads, (long long)head_dim, (long long)len,
+             (long long)window);
     if (rc) {
         printf("FAIL %s: returned %d\n", what, rc);
         failed++;
@@ -218,10 +224,13 @@ int main(void) {
     static const int64_t shapes[][2] = {{64, 576}, {70, 100}, {33, 1536}, {16, 64}};
     for (int kind = 0; kind <= F32_PLAIN; kind++)
         for (int s = 0; s < 4; s++) test_linear(kind, names[kind], shapes[s][0], shapes[s][1]);
-    test_attention(9, 3, 64, 1);
-    test_attention(9, 3, 64, 100);
-    test_attention(4, 4, 16, 37);
-    test_attention(8, 2, 256, 300);
+    test_attention(9, 3, 64, 1, 0);
+    test_attention(9, 3, 64, 100, 0);
+    test_attention(4, 4, 16, 37, 0);
+    test_attention(8, 2, 256, 300, 0);
+    test_attention(8, 2, 256, 300, 37); /* a window starting mid-block */
+    test_attention(4, 2, 32, 100, 1);
+    test_attention(4, 2, 32, 20, 64); /* a window longer than the context */
     printf("fp32 kernel checks: %d ok, %d failed\n", passed, failed);
     return failed != 0;
 }

@@ -1,0 +1,290 @@
+"""Gemma 3's text decoder (transformers' Gemma3ForCausalLM) over the paged KV cache.
+
+Where it differs from the Llama family (inference.models.llama, whose matmul layers,
+rotary and head it shares):
+- five of every six layers attend within a sliding window (config.layer_types,
+  config.sliding_window), each kind of layer with its own RoPE (base 10k local,
+  1M global, and the global layers' scaling if the config has one);
+- RMSNorm scales by (1 + weight), in fp32, and every sub-layer is normed before and
+  after; q and k are normed per head;
+- the MLP's gate is gelu-tanh; embeddings are scaled by sqrt(hidden) in the
+  activation dtype; the attention scale is query_pre_attn_scalar ** -0.5; the final
+  logits may be soft-capped.
+Every layer keeps its whole KV in the pool; the window is a mask
+(kernels.attention.windowed_attention). In fp32 a decode step of a few sequences runs
+as one C call (kernels.decode_stack), the (1 + weight) norms handed to it as fp32
+vectors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference.models.llama import Linear, PagedCausalLM, RotaryEmbedding, apply_rotary
+from kernels import AttentionMetadata, paged_attention, store_kvcache
+from kernels.decode_stack import DecodeStack, StackLayer, runs_here
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
+
+class GemmaRMSNorm(nn.Module):
+    """RMSNorm whose weight is stored as an offset from one: x / rms(x) * (1 + weight),
+    computed in fp32 and rounded once to the input's dtype, as transformers does."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = 1.0 + self.weight.float()
+        return F.rms_norm(x.float(), scale.shape, scale, self.eps).to(x.dtype)
+
+
+def layer_types(config) -> list[str]:
+    """Each layer's kind (SLIDING or FULL): the config's list, or one full layer in
+    every sliding_window_pattern (six) as older configs say."""
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        pattern = getattr(config, "sliding_window_pattern", 6)
+        types = [FULL if (i + 1) % pattern == 0 else SLIDING
+                 for i in range(config.num_hidden_layers)]
+    unknown = set(types) - {SLIDING, FULL}
+    if unknown:
+        raise ValueError(f"Gemma 3 layer types {sorted(unknown)} are not supported")
+    return list(types)
+
+
+def check_supported(config) -> None:
+    """ValueError for the Gemma 3 variants this forward does not compute."""
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ValueError("Gemma 3 with bidirectional attention (an embedding model) "
+                         "is not supported")
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        raise ValueError("Gemma 3 with attention logit soft-capping is not supported")
+    act = getattr(config, "hidden_activation", "gelu_pytorch_tanh")
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new", "gelu_fast"):
+        raise ValueError(f"Gemma 3 with hidden_activation {act!r} is not supported")
+
+
+class GemmaAttention(nn.Module):
+    def __init__(self, config, window: int | None):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias)
+        self.scale = config.query_pre_attn_scalar**-0.5
+        self.window = window  # None on a full-attention layer
+        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj.forward(x)
+        q = qkv[:, : self.q_size].view(-1, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, self.num_kv_heads,
+                                                                 self.head_dim)
+        # q and k heads side by side: one rotary pass for both.
+        qk = torch.cat([self.q_norm.forward(q), self.k_norm.forward(k)], dim=1)
+        q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
+        store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping, meta.all_slots_valid)
+        o = paged_attention(q, k_cache, v_cache, meta, self.scale, self.window)
+        return self.o_proj.forward(o.reshape(-1, self.q_size))
+
+
+class GemmaMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.inter = config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = Linear(self.inter, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj.forward(x).split(self.inter, dim=-1)
+        return self.down_proj.forward(F.gelu(gate, approximate="tanh").mul_(up))
+
+
+class GemmaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_type: str):
+        super().__init__()
+        self.layer_type = layer_type
+        self.self_attn = GemmaAttention(config, config.sliding_window if layer_type == SLIDING
+                                        else None)
+        self.mlp = GemmaMLP(config)
+        eps = config.rms_norm_eps
+        self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps)
+        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, eps)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, meta):
+        h = self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, k_cache, v_cache, meta)
+        x = x + self.post_attention_layernorm.forward(h)
+        h = self.mlp.forward(self.pre_feedforward_layernorm.forward(x))
+        return x + self.post_feedforward_layernorm.forward(h)
+
+
+class Gemma3ForCausalLM(PagedCausalLM):
+    """Gemma 3's text decoder; config is a Gemma3TextConfig (a gemma3 config's
+    text_config)."""
+
+    def __init__(self, config):
+        super().__init__()
+        check_supported(config)
+        self.config = config
+        types = layer_types(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_scale = math.sqrt(config.hidden_size)
+        self.layers = nn.ModuleList(GemmaDecoderLayer(config, t) for t in types)
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        # One rotary per kind of layer that the model has.
+        self.rotaries = nn.ModuleDict({t: RotaryEmbedding(config, layer_type=t)
+                                       for t in sorted(set(types))})
+        self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden]; kv_cache is [2, layers, blocks, bs, kv_heads, dim]."""
+        x = self.embed_tokens(input_ids)
+        # The scale rounded to the activation dtype first, as transformers does.
+        x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        rope = {t: r.forward(positions, x.dtype) for t, r in self.rotaries.items()}
+        if self.decode_stack is not None:
+            d = meta.decode_batch(kv_cache.shape[3])
+            if d is not None and d.all_rows and self.decode_stack.runs(len(d.rows), kv_cache):
+                # One cos/sin set per RoPE, in self.rotaries' order (StackLayer.rope).
+                cos = torch.stack([c.squeeze(1) for c, _ in rope.values()])
+                sin = torch.stack([s.squeeze(1) for _, s in rope.values()])
+                if len(rope) == 1:
+                    cos, sin = cos[0], sin[0]
+                return self.decode_stack(x, cos, sin, meta.slot_mapping, kv_cache, d.tables,
+                                         d.lens)
+        for i, layer in enumerate(self.layers):
+            cos, sin = rope[layer.layer_type]
+            x = layer.forward(x, cos, sin, kv_cache[0, i], kv_cache[1, i], meta)
+        return self.norm.forward(x)
+
+    def build_decode_stack(self) -> bool:
+        """Run decode steps of a few sequences as one C call (kernels.decode_stack) in
+        an fp32 model whose matmuls the step reads (see LlamaForCausalLM's); False, and
+        the torch forward kept, elsewhere (the bf16 step has no Gemma 3 layer)."""
+        self.decode_stack = None
+        if self.norm.weight.dtype != torch.float32 or not runs_here(torch.float32):
+            return False
+        if not all(p.is_cpu for p in self.parameters()):
+            return False
+        matmuls = self.stack_matmuls()
+        if matmuls is None:
+            return False
+        linears, quantized = matmuls
+
+        def scale(norm: GemmaRMSNorm) -> torch.Tensor:  # the step's norms multiply plainly
+            return (1.0 + norm.weight.detach().float()).contiguous()
+
+        ropes = list(self.rotaries)
+        layers = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            layers.append(StackLayer(
+                scale(layer.input_layernorm), scale(layer.pre_feedforward_layernorm),
+                *(m.quantized if quantized else m.weight.data
+                  for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)),
+                None if attn.qkv_proj.bias is None else attn.qkv_proj.bias.data,
+                scale(attn.q_norm), scale(attn.k_norm),
+                attn_out_norm=scale(layer.post_attention_layernorm),
+                mlp_out_norm=scale(layer.post_feedforward_layernorm),
+                window=attn.window or 0, rope=ropes.index(layer.layer_type),
+            ))
+        attn = self.layers[0].self_attn
+        if attn.o_proj.bias is not None:  # the step adds no bias after o_proj
+            return False
+        try:
+            self.decode_stack = DecodeStack(layers, scale(self.norm), attn.num_heads,
+                                            attn.num_kv_heads, attn.head_dim, self.norm.eps,
+                                            scale=attn.scale, act="gelu_tanh")
+        except ValueError:  # a shape the C step does not take
+            return False
+        for m in linears:
+            m.keeps_plain = not quantized
+        return True
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head.forward(hidden)
+        cap = self.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy transformers' weights in (Gemma3ForCausalLM's names, or a Gemma3
+        checkpoint's language model), fusing q/k/v and gate/up."""
+        state = text_weights(state)
+
+        def take(name: str) -> torch.Tensor:
+            if name not in state:
+                raise KeyError(f"weight {name} missing from the checkpoint")
+            return state[name]
+
+        self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
+        self.norm.weight.copy_(take("model.norm.weight"))
+        if not self.tie_word_embeddings:
+            self.lm_head.weight.copy_(take("lm_head.weight"))
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            attn = layer.self_attn
+            attn.qkv_proj.weight.copy_(torch.cat([take(p + f"self_attn.{x}_proj.weight")
+                                                  for x in "qkv"]))
+            attn.o_proj.weight.copy_(take(p + "self_attn.o_proj.weight"))
+            if attn.qkv_proj.bias is not None:
+                attn.qkv_proj.bias.copy_(torch.cat([take(p + f"self_attn.{x}_proj.bias")
+                                                    for x in "qkv"]))
+                attn.o_proj.bias.copy_(take(p + "self_attn.o_proj.bias"))
+            attn.q_norm.weight.copy_(take(p + "self_attn.q_norm.weight"))
+            attn.k_norm.weight.copy_(take(p + "self_attn.k_norm.weight"))
+            layer.mlp.gate_up_proj.weight.copy_(torch.cat([
+                take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
+            ]))
+            layer.mlp.down_proj.weight.copy_(take(p + "mlp.down_proj.weight"))
+            for norm in ("input_layernorm", "post_attention_layernorm",
+                         "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+                getattr(layer, norm).weight.copy_(take(p + norm + ".weight"))
+
+
+# A Gemma3ForConditionalGeneration checkpoint names its text weights under the
+# language model: transformers 5's names, and the older ones published checkpoints use.
+_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+
+
+def text_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The language model's weights under Gemma3ForCausalLM's names; other towers'
+    (vision, projector) are left out of a multimodal checkpoint."""
+    if "model.embed_tokens.weight" in state:
+        return state
+    out = {}
+    for name, tensor in state.items():
+        for old, new in _TEXT_PREFIXES:
+            if name.startswith(old):
+                out[new + name[len(old):]] = tensor
+                break
+    return out
