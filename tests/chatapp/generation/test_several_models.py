@@ -16,6 +16,8 @@ from chatapp.generation.embedded import engine_config
 from chatapp.generation.router import Candidate, choose_queue
 from chatapp.generation.served_models import ModelSpec, UnknownModel, parse_models
 
+from .test_routing import redis_registry  # noqa: F401 (a fixture)
+
 TWO = "small=smollm2-135m-instruct,tiny=/models/tiny:int8"
 
 
@@ -212,3 +214,14 @@ def test_a_conversations_affinity_key_names_its_model():
     plan = SimpleNamespace(segments=[], token_ids=[1, 2, 3])
     keys = {router.conversation_key(cache_salt="t", plan=plan, model=m) for m in ("a", "b")}
     assert len(keys) == 2
+
+
+@pytest.mark.usefixtures("redis_registry")
+def test_the_router_reads_advertised_models_from_redis(settings):
+    settings.LLM_MODELS = TWO
+    registry.beat("w1@h", active=0, models=["small"])
+    registry.beat("w2@h", active=0, models=["small", "tiny"])
+    assert {c.name: c.models for c in router.live_candidates()} == {
+        "w1@h": ("small",), "w2@h": ("small", "tiny")}
+    assert router.queue_for(preferred="w1@h", model="tiny") == registry.own_queue("w2@h")
+    assert router.queue_for(preferred="w1@h", model="") == registry.own_queue("w1@h")
