@@ -53,7 +53,9 @@ def choose_queue(
     best = by_name.get(preferred)
     if best is not None and best.queued <= max_queue:
         return best.queue
-    load = lambda c: (c.queued + c.active, c.name)  # noqa: E731
+    def load(c: Candidate) -> tuple[int, str]:
+        return c.queued + c.active, c.name
+
     if not preferred and every_host:
         return shared_queue
     # The preferred worker is gone or saturated: the least-loaded other one, if it has room.
@@ -65,7 +67,8 @@ def choose_queue(
 
 def preferred_worker(reply: Message) -> str:
     """The engine most likely to hold the prompt of `reply` in its prefix cache: the one
-    that served the conversation's last reply, else the same owner's and preset's."""
+    that served the conversation's last reply, else the same owner's, preset's and
+    model's."""
 
     def last_server(**filters) -> str:
         return (
@@ -78,6 +81,7 @@ def preferred_worker(reply: Message) -> str:
         conversation__owner_id=reply.conversation.owner_id,
         conversation__preset_id=reply.conversation.preset_id,
         conversation__preset_version=reply.conversation.preset_version,
+        conversation__model=reply.conversation.model,
     )
 
 

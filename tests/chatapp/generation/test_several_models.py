@@ -225,3 +225,17 @@ def test_the_router_reads_advertised_models_from_redis(settings):
         "w1@h": ("small",), "w2@h": ("small", "tiny")}
     assert router.queue_for(preferred="w1@h", model="tiny") == registry.own_queue("w2@h")
     assert router.queue_for(preferred="w1@h", model="") == registry.own_queue("w1@h")
+
+
+@pytest.mark.django_db
+def test_a_new_conversation_prefers_a_worker_warm_for_its_model(alice, settings):
+    from chatapp.chat.models import Message
+
+    settings.LLM_MODELS = TWO
+    served = services.conversation_create(owner=alice, model="tiny")
+    _, old = services.message_send(conversation=served, content="Hi.")
+    Message.objects.filter(pk=old.pk).update(served_by="w2@h", status=Message.Status.DONE)
+    for model, warm in (("tiny", "w2@h"), ("small", "")):
+        conversation = services.conversation_create(owner=alice, model=model)
+        _, reply = services.message_send(conversation=conversation, content="Hi.")
+        assert router.preferred_worker(reply) == warm
