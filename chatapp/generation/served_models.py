@@ -67,6 +67,17 @@ def specs() -> list[ModelSpec]:
     return [ModelSpec(settings.LLM_MODEL, settings.LLM_MODEL)]
 
 
+def check() -> None:
+    """ImproperlyConfigured, naming the mistake, when LLM_MODELS cannot be read: a serving
+    process stops at start rather than failing its first request."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        specs()
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+
+
 def several() -> bool:
     """LLM_MODELS is set: engines are named per model (engine_id_for)."""
     return bool(settings.LLM_MODELS)

@@ -39,6 +39,15 @@ class TestSyntax:
         with pytest.raises(ValueError, match=says):
             parse_models(text)
 
+    def test_a_mistake_stops_a_serving_process_at_start(self, settings):
+        from django.core.exceptions import ImproperlyConfigured
+
+        from chatapp.startup import start_process
+
+        settings.LLM_MODELS = "a=m,a=n"
+        with pytest.raises(ImproperlyConfigured, match="twice"):
+            start_process(preload=False)
+
 
 class TestCatalog:
     def test_unset_the_one_model_is_llm_model(self, settings):
