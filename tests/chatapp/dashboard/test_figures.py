@@ -68,6 +68,37 @@ def test_several_engines_are_shown_each_and_totalled():
 
 
 @pytest.mark.django_db
+def test_figures_per_model_add_up_to_the_total(client, staff_client):
+    """Several models (LLM_MODELS): each model's engines, in every process, are summed
+    under its alias, on the page and in /metrics, and the models add up to the total."""
+    sampling.snapshot_record(snapshot=fake_snapshot("web:small", model="small"))
+    sampling.snapshot_record(snapshot=fake_snapshot("w1:small", model="small",
+                                                    prefix_cache_hits=100, num_running=3))
+    sampling.snapshot_record(snapshot=fake_snapshot("web:tiny", model="tiny",
+                                                    prefix_cache_queries=400, evictions=9))
+    figures = selectors.dashboard_figures()
+    models = {m["model"]: m for m in figures["models"]}
+    assert (models["small"]["engines"], models["tiny"]["engines"]) == (2, 1)
+    assert models["small"]["prefix_cache_hits"] == 700
+    assert models["tiny"]["prefix_cache_queries"] == 400
+    for key in stats.SUMMED:
+        assert sum(m[key] for m in models.values()) == figures["total"][key], key
+    assert models["small"]["hit_rate"] == pytest.approx(700 / 2000)
+
+    page = staff_client.get("/admin/cache/").content.decode()
+    assert 'id="model-small" data-model="small"' in page and 'id="model-tiny"' in page
+
+    text = client.get("/metrics").content.decode()
+    by_model: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "prefixchat:prefix_cache_hits_total":
+                by_model[sample.labels["model"]] = (by_model.get(sample.labels["model"], 0)
+                                                    + sample.value)
+    assert by_model == {"small": 700, "tiny": 600}
+
+
+@pytest.mark.django_db
 def test_a_stale_engine_is_shown_but_not_totalled_nor_exported(client, settings):
     settings.DASHBOARD_ENGINE_STALE_S = 60
     sampling.snapshot_record(snapshot=fake_snapshot("worker-1"))
