@@ -149,6 +149,13 @@ LLM_PACK_WEIGHTS = env_bool("LLM_PACK_WEIGHTS", True)
 # under LLM_KV_DIR on disk (so a restart keeps them); unset: the engine's defaults.
 LLM_KV_OFFLOAD_BYTES = int(os.environ.get("LLM_KV_OFFLOAD_BYTES", "0")) or None
 LLM_KV_DIR = os.environ.get("LLM_KV_DIR") or None
+# The KV pool's memory budget in bytes (unset: the engine's default); LLM_NUM_BLOCKS wins.
+LLM_KV_CACHE_BYTES = int(os.environ.get("LLM_KV_CACHE_BYTES", "0")) or None
+# Several models at once: "alias=model[:weight_dtype],..." (chatapp/generation/served_models.py),
+# the first the default. Each gets its own engine; the process's KV budgets above
+# (LLM_NUM_BLOCKS or LLM_KV_CACHE_BYTES, LLM_KV_OFFLOAD_BYTES) are split evenly between them.
+# Unset: LLM_MODEL alone.
+LLM_MODELS = os.environ.get("LLM_MODELS", "").strip()
 
 # Chat service.
 LOGIN_URL = "login"
@@ -277,7 +284,8 @@ API_MAX_CONCURRENT = int(os.environ.get("API_MAX_CONCURRENT", "4"))
 API_REMEMBER_IDS_TTL_S = int(os.environ.get("API_REMEMBER_IDS_TTL_S", "86400"))
 API_MAX_N = int(os.environ.get("API_MAX_N", "8"))
 API_DEFAULT_MAX_TOKENS = int(os.environ.get("API_DEFAULT_MAX_TOKENS", "512"))
-# Names /v1/models lists and /v1/chat/completions accepts, besides LLM_MODEL itself.
+# Names /v1/models lists and /v1/chat/completions accepts for the default model, besides
+# its own (LLM_MODEL, or the first alias of LLM_MODELS).
 API_MODEL_ALIASES = [a for a in os.environ.get("API_MODEL_ALIASES", "").split(",") if a.strip()]
 
 # Cache dashboard (chatapp/dashboard): /admin/cache/, /metrics, /healthz, /readyz.

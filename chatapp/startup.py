@@ -8,11 +8,13 @@ from __future__ import annotations
 from celery.signals import worker_process_init
 
 from chatapp.dashboard.sampling import start_sampler
+from chatapp.generation import served_models
 from chatapp.generation.embedded import preload_in_background
 from chatapp.generation.orphans import start_sweeper
 
 
 def start_process(*, preload: bool) -> None:
+    served_models.check()  # a mistake in LLM_MODELS stops the start, with its message
     if preload:
         preload_in_background()
     # History samples for the cache dashboard (a no-op until the engine is loaded; never

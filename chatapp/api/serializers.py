@@ -10,6 +10,7 @@ from chatapp.chat.errors import InvalidInput
 from chatapp.chat.models import Conversation, Message
 from chatapp.chat.payloads import usage_dict
 from chatapp.chat.services import validate_title, validate_user_text
+from chatapp.generation import served_models
 
 
 class StrictCharField(serializers.CharField):
@@ -93,6 +94,7 @@ class PresetSerializer(serializers.Serializer):
 class ConversationSerializer(serializers.ModelSerializer):
     current_leaf_id = serializers.IntegerField(allow_null=True, read_only=True)
     message_count = serializers.SerializerMethodField()
+    model = serializers.SerializerMethodField(help_text="The model that answers it (a /v1/models id).")
 
     class Meta:
         model = Conversation
@@ -102,12 +104,16 @@ class ConversationSerializer(serializers.ModelSerializer):
             "preset_id",
             "preset_version",
             "preset_variables",
+            "model",
             "current_leaf_id",
             "message_count",
             "created_at",
             "updated_at",
         ]
         read_only_fields = fields
+
+    def get_model(self, obj: Conversation) -> str:
+        return served_models.alias_of(obj.model)
 
     def get_message_count(self, obj: Conversation) -> int:
         count = getattr(obj, "message_count", None)
@@ -126,6 +132,17 @@ class ConversationCreateSerializer(serializers.Serializer):
         default=dict,
         help_text="Values of the preset's variables (text).",
     )
+    model = StrictCharField(
+        max_length=64, required=False, allow_null=True, default=None,
+        help_text="The model that answers it (a /v1/models id); unset: the default.",
+    )
+
+    def validate_model(self, value: str | None) -> str:
+        """The value the conversation stores; the catalog's message for a name not served."""
+        try:
+            return served_models.conversation_model(value)
+        except InvalidInput as exc:
+            raise serializers.ValidationError(exc.message, code=exc.code) from None
 
 
 class ConversationRenameSerializer(serializers.Serializer):

@@ -24,6 +24,9 @@ class Conversation(models.Model):
     # it started with so its system segment (and its cached blocks) never change.
     preset_version = models.CharField(max_length=50, blank=True, default="")
     preset_variables = models.JSONField(default=dict, blank=True)
+    # The model that answers it (an alias of LLM_MODELS), fixed at creation: its history
+    # is that model's tokens. Blank: the default model (conversations from before).
+    model = models.CharField(max_length=64, blank=True, default="")
     # The message the owner last added or looked at: where a plain "send" continues.
     current_leaf = models.ForeignKey(
         "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

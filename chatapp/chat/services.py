@@ -73,7 +73,10 @@ def conversation_create(
     preset_version: str | None = None,
     variables: dict | None = None,
     title: str = "",
+    model: str = "",
 ) -> Conversation:
+    """A new conversation with a preset and a model: the value the model catalog gave
+    (chatapp.generation.served_models.conversation_value; blank: the default)."""
     try:
         preset = catalog.resolve_preset(preset_id, preset_version)
     except catalog.UnknownPreset as exc:
@@ -84,6 +87,7 @@ def conversation_create(
         preset_id=preset.id,
         preset_version=preset.version,
         preset_variables=_check_variables(variables),
+        model=model,
     )
 
 

@@ -2,7 +2,8 @@
 
 vLLM exports `vllm:prefix_cache_queries_total` etc.; ours are `prefixchat:...` with the
 same meaning (tokens, not requests), labelled by engine so web process and workers
-can be told apart. Engines in other processes come from their last report in the
+can be told apart, and by model (the alias /v1/models lists), so that each model's
+figures add up across its engines: sum by (model) of a family is that model's total. Engines in other processes come from their last report in the
 database; stale ones are left out (their series end, as a dead target's would).
 """
 
@@ -20,6 +21,7 @@ from chatapp.dashboard.selectors import engine_reports
 from chatapp.dashboard.stats import IDENTITY
 
 P = "prefixchat:"
+ENGINE = ["engine", "model"]  # every engine family's labels
 
 COUNTERS = (
     ("prefix_cache_queries", "prefix_cache_queries",
@@ -58,56 +60,57 @@ class EngineCollector:
     """Reads the engines at scrape time (no state of its own)."""
 
     def collect(self):
-        reports = [(r.engine_id, r.snapshot) for r in engine_reports() if not r.stale]
+        reports = [((r.engine_id, str(r.snapshot.get("model") or "")), r.snapshot)
+                   for r in engine_reports() if not r.stale]
         for kind, metrics in ((CounterMetricFamily, COUNTERS), (GaugeMetricFamily, GAUGES)):
             for name, key, doc in metrics:
-                family = kind(P + name, doc, labels=["engine"])
-                for engine_id, snap in reports:
-                    family.add_metric([engine_id], snap.get(key, 0) or 0)
+                family = kind(P + name, doc, labels=ENGINE)
+                for labels, snap in reports:
+                    family.add_metric(list(labels), snap.get(key, 0) or 0)
                 yield family
         # Info-style (value 1, facts in labels), as vLLM's cache_config_info: which kernel
         # path and dtypes each engine took, to explain its latency figures.
         info = GaugeMetricFamily(P + "engine_info",
                                  "The engine's model, kernel path and dtypes (always 1).",
-                                 labels=["engine", "model", *IDENTITY])
-        for engine_id, snap in reports:
-            info.add_metric([engine_id, str(snap.get("model") or ""),
+                                 labels=[*ENGINE, "model_path", *IDENTITY])
+        for labels, snap in reports:
+            info.add_metric([*labels, str(snap.get("model_path") or snap.get("model") or ""),
                              *(str(snap.get(key) or "") for key in IDENTITY)], 1)
         yield info
         blocks = GaugeMetricFamily(P + "kv_cache_blocks", "KV blocks by state.",
-                                   labels=["engine", "state"])
-        for engine_id, snap in reports:
+                                   labels=[*ENGINE, "state"])
+        for labels, snap in reports:
             for state in ("used", "cached_free", "free"):
-                blocks.add_metric([engine_id, state], snap.get(f"blocks_{state}", 0) or 0)
+                blocks.add_metric([*labels, state], snap.get(f"blocks_{state}", 0) or 0)
         yield blocks
         outcomes = CounterMetricFamily(P + "request_success",
                                        "Finished requests by how they ended.",
-                                       labels=["engine", "finished_reason"])
-        for engine_id, snap in reports:
+                                       labels=[*ENGINE, "finished_reason"])
+        for labels, snap in reports:
             for reason, key in (("finished", "requests_finished"), ("error", "requests_failed"),
                                 ("abort", "requests_aborted")):
-                outcomes.add_metric([engine_id, reason], snap.get(key, 0) or 0)
+                outcomes.add_metric([*labels, reason], snap.get(key, 0) or 0)
         yield outcomes
         reasons = CounterMetricFamily(P + "prefix_cache_match_end",
                                       "Requests by why their prefix-cache match ended.",
-                                      labels=["engine", "reason"])
-        for engine_id, snap in reports:
+                                      labels=[*ENGINE, "reason"])
+        for labels, snap in reports:
             for reason, n in (snap.get("prefix_cache_miss_reasons") or {}).items():
-                reasons.add_metric([engine_id, reason], n)
+                reasons.add_metric([*labels, reason], n)
         yield reasons
         for name, key, doc in HISTOGRAMS:
             yield _histogram_family(name, key, doc, reports)
 
 
 def _histogram_family(name: str, key: str, doc: str, reports) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(P + name, doc, labels=["engine"])
-    for engine_id, snap in reports:
+    family = HistogramMetricFamily(P + name, doc, labels=ENGINE)
+    for labels, snap in reports:
         h = snap.get(key) or {}
         counts = list(h.get("cumulative_counts") or [])
         bounds = [repr(float(b)) for b in h.get("buckets") or []] + ["+Inf"]
         if not counts or len(bounds) != len(counts):
             continue
-        family.add_metric([engine_id], list(zip(bounds, counts, strict=True)),
+        family.add_metric(list(labels), list(zip(bounds, counts, strict=True)),
                           sum_value=h.get("sum", 0.0))
     return family
 

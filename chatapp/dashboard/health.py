@@ -1,6 +1,6 @@
 """Liveness and readiness checks for /healthz and /readyz.
 
-Ready means this process can answer a chat message now: its model is loaded, the
+Ready means this process can answer a chat message now: its models are loaded, the
 database answers, and Redis (the channel layer, when REDIS_URL is set) answers.
 Each check is bounded and never raises.
 """
@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import connections
 
 from chatapp.dashboard import engines
+from chatapp.generation import served_models
 
 CHECK_TIMEOUT_S = 2
 
@@ -22,7 +23,14 @@ def _failure(exc: Exception) -> str:
 
 
 def check_model() -> tuple[bool, str]:
-    return (True, "loaded") if engines.local_engine() is not None else (False, "not loaded")
+    """Every served model loaded (with several, the detail names those still loading)."""
+    loaded = engines.loaded_engines()
+    missing = [alias for alias in served_models.aliases() if alias not in loaded]
+    if not missing:
+        return True, "loaded"
+    if len(missing) == len(served_models.aliases()):
+        return False, "not loaded"
+    return False, "not loaded: " + ", ".join(missing)
 
 
 def check_database(alias: str = "default") -> tuple[bool, str]:

@@ -1,4 +1,4 @@
-"""History samples: this process's engine figures into the database, periodically.
+"""History samples: this process's engines' figures into the database, periodically.
 
 `engine_sample_local()` is a plain function (the Sampler thread here calls it, a Celery
 beat task could too). Nothing here may break chat: the thread catches everything, and
@@ -72,13 +72,15 @@ def _apply_requested_reset(engine, engine_id: str) -> None:
 
 
 def engine_sample_local() -> bool:
-    """Sample this process's engine (if one is loaded); True when a sample was written."""
-    engine = engines.local_engine()
-    if engine is None:
+    """Sample each engine of this process (one per loaded model); True when a sample was
+    written."""
+    loaded = engines.loaded_engines()
+    for alias, engine in loaded.items():
+        snapshot = engines.engine_snapshot(engine, alias)
+        _apply_requested_reset(engine, str(snapshot.get("engine_id") or ""))
+        snapshot_record(snapshot=snapshot)
+    if not loaded:
         return False
-    snapshot = engines.engine_snapshot(engine)
-    _apply_requested_reset(engine, str(snapshot.get("engine_id") or ""))
-    snapshot_record(snapshot=snapshot)
     samples_prune()
     return True
 

@@ -36,13 +36,13 @@ class EngineReport:
 
 
 def engine_reports(*, now: datetime | None = None) -> list[EngineReport]:
-    """Every engine we know of: this process's live one first, then the others' last reports."""
+    """Every engine we know of: this process's live ones first (one per loaded model), then
+    the others' last reports."""
     now = now or timezone.now()
     stale_after = timedelta(seconds=settings.DASHBOARD_ENGINE_STALE_S)
-    reports = []
-    local = engines.local_snapshot()
-    if local is not None:
-        reports.append(EngineReport(local.get("engine_id", ""), local, now, True, False))
+    reports = [EngineReport(local.get("engine_id", ""), local, now, True, False)
+               for local in engines.local_snapshots()]
+    live = {r.engine_id: r for r in reports}
     try:
         statuses = {s.engine_id: s for s in EngineStatus.objects.all()}
     except DatabaseError:
@@ -50,8 +50,8 @@ def engine_reports(*, now: datetime | None = None) -> list[EngineReport]:
         log.warning("Engine reports unreadable; showing this process's engine only", exc_info=True)
         statuses = {}
     for engine_id, status in sorted(statuses.items()):
-        if local is not None and engine_id == local.get("engine_id"):
-            reports[0].reset_pending = status.reset_pending
+        if engine_id in live:
+            live[engine_id].reset_pending = status.reset_pending
             continue
         reports.append(EngineReport(
             engine_id, status.snapshot, status.reported_at, False,
@@ -61,7 +61,8 @@ def engine_reports(*, now: datetime | None = None) -> list[EngineReport]:
 
 
 def dashboard_figures(*, reports: list[EngineReport] | None = None) -> dict:
-    """Per-engine figures and their total (stale engines are shown, not added up)."""
+    """Per-engine figures, per-model totals (each model's engines, in every process) and
+    the total of all (stale engines are shown, not added up)."""
     reports = engine_reports() if reports is None else reports
     n = settings.DASHBOARD_RECENT_REQUESTS
     rows = []
@@ -70,8 +71,10 @@ def dashboard_figures(*, reports: list[EngineReport] | None = None) -> dict:
         figures.update(live=r.live, stale=r.stale, reset_pending=r.reset_pending,
                        reported_at=r.reported_at.isoformat())
         rows.append(figures)
-    total = stats.total_figures([r.snapshot for r in reports if not r.stale], n)
-    return {"engines": rows, "total": total, "recent_n": n}
+    counted = [r.snapshot for r in reports if not r.stale]
+    total = stats.total_figures(counted, n)
+    models = stats.model_figures(counted, n)
+    return {"engines": rows, "models": models, "total": total, "recent_n": n}
 
 
 # --- per preset ------------------------------------------------------------------------
@@ -150,11 +153,11 @@ def _replies_by_request_id(request_ids: list[str]) -> dict[str, Message]:
 def recent_requests(*, reports: list[EngineReport], limit: int = RECENT_ROWS) -> list[dict]:
     """The latest finished requests of every engine, with why their match ended there: a
     chat reply's own receipt (it knows the previous turn), else the engine's."""
-    items = [(r.engine_id, r.snapshot.get("block_size") or 0, req) for r in reports
-             for req in list(r.snapshot.get("recent_requests") or [])[-limit:]]
-    replies = _replies_by_request_id([req.get("request_id", "") for _, _, req in items])
+    items = [(r.engine_id, r.snapshot.get("block_size") or 0, req, r.snapshot.get("model") or "")
+             for r in reports for req in list(r.snapshot.get("recent_requests") or [])[-limit:]]
+    replies = _replies_by_request_id([req.get("request_id", "") for _, _, req, _ in items])
     rows = []
-    for engine_id, bs, req in reversed(items):
+    for engine_id, bs, req, model in reversed(items):
         reply = replies.get(req.get("request_id", ""))
         cached = req.get("cached_tokens") or 0
         preset = None
@@ -163,6 +166,7 @@ def recent_requests(*, reports: list[EngineReport], limit: int = RECENT_ROWS) ->
             preset = f"{conv.preset_id}@{conv.preset_version}" if conv.preset_version else conv.preset_id
         rows.append({
             "engine_id": engine_id,
+            "model": model,
             "request_id": req.get("request_id", ""),
             "preset": preset,
             "prompt_tokens": req.get("prompt_tokens") or 0,

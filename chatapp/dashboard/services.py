@@ -24,8 +24,8 @@ def prefix_cache_reset(*, engine_id: str, user) -> str:
 
     Returns "done" or "requested"; raises UnknownEngine.
     """
-    local = engines.local_snapshot()
-    is_local = local is not None and local.get("engine_id") == engine_id
+    local = next((s for s in engines.local_snapshots() if s.get("engine_id") == engine_id), None)
+    is_local = local is not None
     if is_local:
         status = snapshot_record(snapshot=local)  # the log entry needs the row
     else:
@@ -34,7 +34,8 @@ def prefix_cache_reset(*, engine_id: str, user) -> str:
             raise UnknownEngine(engine_id)
     EngineStatus.objects.filter(pk=status.pk).update(reset_requested_at=timezone.now())
     if is_local:
-        prefix_cache_reset_local(engine=engines.local_engine(), engine_id=engine_id)
+        prefix_cache_reset_local(engine=engines.local_engines()[engine_id],
+                                 engine_id=engine_id)
         outcome = "done"
     else:
         log.warning("Prefix cache reset of engine %s requested by %s", engine_id, user)

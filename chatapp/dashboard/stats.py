@@ -127,3 +127,17 @@ def total_figures(snapshots: Sequence[dict], recent_n: int) -> dict:
     every = [r for s in snapshots for r in s.get("recent_requests") or []]
     return _figures(snapshots, recent, every, engine_id="total", model="", block_size=None,
                     **dict.fromkeys(IDENTITY))
+
+
+def model_figures(snapshots: Sequence[dict], recent_n: int) -> list[dict]:
+    """total_figures() per model (a snapshot's `model`: the alias it serves), in order of
+    first appearance; their summed counters add up to the total over all snapshots."""
+    by_model: dict[str, list[dict]] = {}
+    for s in snapshots:
+        by_model.setdefault(str(s.get("model") or ""), []).append(s)
+    out = []
+    for model, group in by_model.items():
+        figures = total_figures(group, recent_n)
+        figures.update(model=model, engine_id=f"model {model}", engines=len(group))
+        out.append(figures)
+    return out

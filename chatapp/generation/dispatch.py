@@ -46,11 +46,12 @@ def reply_goes_to_worker(
     return max_waiting > 0 and embedded_waiting is not None and embedded_waiting >= max_waiting
 
 
-def use_worker(*, max_new_tokens: int) -> bool:
-    """Whether a generation allowed `max_new_tokens` goes to a Celery worker."""
+def use_worker(*, max_new_tokens: int, model: str = "") -> bool:
+    """Whether a generation of `model` allowed `max_new_tokens` goes to a Celery worker
+    (one that hosts the model: the router's choice)."""
     broker_configured = bool(settings.CELERY_BROKER_URL)
     max_waiting = settings.CELERY_EMBEDDED_MAX_WAITING
-    engine = loaded_engine()
+    engine = loaded_engine(model)
     waiting = None
     # The engine's snapshot is read only when its queue can decide (not on every send).
     if broker_configured and max_waiting > 0 and engine is not None:
@@ -68,10 +69,13 @@ REPLY_TASK = "chatapp.generation.generate_reply"
 COMPLETION_TASK = "chatapp.generation.generate_completion"
 
 
-def enqueue_reply(*, reply: Message) -> str:
-    """Queue the generation of the pending `reply` (on the queue the router picks); returns
-    the queue. GenerationUnavailable, with the reply marked failed, if the broker is down."""
-    queue = router.queue_for_reply(reply)
+def enqueue_reply(*, reply: Message, model: str = "") -> str | None:
+    """Queue the generation of the pending `reply`, a turn of `model`, on the queue the
+    router picks; returns the queue, or None when no live worker hosts the model (it runs
+    here). GenerationUnavailable, with the reply marked failed, if the broker is down."""
+    queue = router.queue_for_reply(reply, model=model)
+    if queue is None:
+        return None
     try:
         celery_app.send_task(REPLY_TASK, (reply.pk,), queue=queue, retry=True)
     except OperationalError:
@@ -83,12 +87,13 @@ def enqueue_reply(*, reply: Message) -> str:
     return queue
 
 
-def completion_queue(*, max_tokens: int, affinity: str) -> str | None:
-    """The worker queue a /v1 request goes to, or None to run it here. Streaming back
-    needs the worker registry's Redis, so with another broker requests stay here."""
-    if not registry.available() or not use_worker(max_new_tokens=max_tokens):
+def completion_queue(*, max_tokens: int, affinity: str, model: str = "") -> str | None:
+    """The worker queue a /v1 request for `model` goes to, or None to run it here (also
+    when no live worker hosts the model). Streaming back needs the worker registry's
+    Redis, so with another broker requests stay here."""
+    if not registry.available() or not use_worker(max_new_tokens=max_tokens, model=model):
         return None
-    return router.queue_for(preferred=router.affinity_worker(affinity))
+    return router.queue_for(preferred=router.affinity_worker(affinity), model=model)
 
 
 def enqueue_completion(*, job: dict, channel: str, queue: str) -> None:

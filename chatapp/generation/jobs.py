@@ -43,6 +43,8 @@ class Job:
     request_id: str = field(default_factory=lambda: f"gen-{uuid.uuid4().hex}")
     # Which conversation this is, for worker affinity (chatapp.generation.router).
     affinity: str = ""
+    # The model that runs it (an alias of LLM_MODELS; "": the default).
+    model: str = ""
 
     @classmethod
     def from_dict(cls, data: dict) -> Job:
@@ -90,8 +92,8 @@ def sampling_params(job: Job, *, max_model_len: int, tokenizer):
 
 
 async def run_here(job: Job) -> AsyncIterator:
-    """The job on this process's engine; leaving the loop early aborts it."""
-    engine = await aget_engine()
+    """The job on this process's engine of its model; leaving the loop early aborts it."""
+    engine = await aget_engine(job.model)
     params = sampling_params(job, max_model_len=engine.max_model_len, tokenizer=engine.tokenizer)
     stream = engine.generate(
         list(job.prompt_ids), params, request_id=job.request_id, cache_salt=job.cache_salt

@@ -35,6 +35,7 @@ class WorkerState:
     queue: str
     active: int
     seen: float  # unix time of the last beat
+    models: tuple[str, ...] | None = None  # the aliases it hosts (None: not advertised)
 
 
 def own_queue(worker_name: str) -> str:
@@ -64,10 +65,14 @@ def client():
     return _client
 
 
-def beat(worker_name: str, *, active: int, ready: bool = True) -> None:
-    """Record the worker as alive; `ready` (its engine is loaded) is for people and tests."""
+def beat(worker_name: str, *, active: int, ready: bool = True,
+         models: list[str] | None = None) -> None:
+    """Record the worker as alive, with the models it hosts (the router sends it only
+    turns of those); `ready` (its engines are loaded) is for people and tests."""
     record = {"queue": own_queue(worker_name), "active": active, "seen": time.time(),
               "ready": ready}
+    if models is not None:
+        record["models"] = list(models)
     client().hset(_registry_key(), worker_name, json.dumps(record))
 
 
@@ -81,9 +86,11 @@ def workers() -> list[WorkerState]:
     for name, raw in client().hgetall(_registry_key()).items():
         try:
             record = json.loads(raw)
+            models = record.get("models")
             out.append(WorkerState(name=name.decode(), queue=record["queue"],
                                    active=int(record.get("active", 0)),
-                                   seen=float(record["seen"])))
+                                   seen=float(record["seen"]),
+                                   models=tuple(map(str, models)) if models is not None else None))
         except (ValueError, KeyError, TypeError):
             continue
     return out

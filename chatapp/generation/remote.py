@@ -23,6 +23,7 @@ from django.conf import settings
 from chatapp.generation import dispatch, registry
 from chatapp.generation.embedded import aget_engine
 from chatapp.generation.jobs import Job, run_here
+from chatapp.generation.served_models import UnknownModel
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,12 @@ async def serve(job: Job, channel: str) -> dict:
     from inference import InvalidRequestError
 
     layer = get_channel_layer()
-    engine = await aget_engine()
+    try:
+        engine = await aget_engine(job.model)
+    except UnknownModel as exc:  # the router sends a worker only its own models' jobs
+        await _send(layer, channel, {"type": "gen.output", "kind": "refused", "message": str(exc),
+                                     "param": "model", "code": "model_not_found"})
+        return {"outcome": "refused", "outputs": 0}
     watcher = asyncio.create_task(_watch_abort(engine, job.request_id))
     outputs = 0
     reasons: dict[int, str] = {}

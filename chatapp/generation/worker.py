@@ -1,8 +1,9 @@
 """The Celery worker's side: its queue, its engine, its heartbeat, and running one task.
 
 The worker adds its own queue, named after its hostname (so no -Q is needed). Its
-engine id is that hostname too, so the dashboard shows one row per worker and the
-reply's `served_by` names the queue the router sends the next turn to.
+engine id is that hostname too (with each model's alias under LLM_MODELS), so the
+dashboard shows one row per worker and model, and the reply's `served_by` names the
+queue the router sends the next turn to. Its heartbeat advertises the models it hosts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from celery.signals import celeryd_after_setup, worker_process_init, worker_proc
 from django.conf import settings
 from django.db import close_old_connections
 
-from chatapp.generation import registry, remote, replies
+from chatapp.generation import registry, remote, replies, served_models
 from chatapp.generation.embedded import get_engine, loaded_engine
 from chatapp.generation.jobs import Job
 from chatapp.generation.lifecycle import Claim, reply_claim
@@ -63,7 +64,8 @@ def _stop_child(**kwargs) -> None:
 
 def _beat_once() -> None:
     try:
-        registry.beat(_name, active=_active, ready=loaded_engine() is not None)
+        registry.beat(_name, active=_active, ready=loaded_engine() is not None,
+                      models=served_models.aliases())
         registry.sweep_dead()
     except Exception:
         log.warning("Worker heartbeat failed", exc_info=True)
@@ -91,7 +93,7 @@ def generate(reply_id: int, *, holder: str) -> dict:
     # heartbeat for longer than CHAT_ORPHAN_S, and a claimed reply would then look dead.
     # Unclaimed, it waits as a queued one. A load that fails is reported by run_reply.
     with contextlib.suppress(Exception):
-        get_engine()
+        get_engine(replies.reply_model(reply_id))
     # With one pool child, prefetch 1 and late acks, this worker gets no other task while
     # it generates: a reply it holds already was left by a child that was killed.
     outcome, lease = reply_claim(reply_id=reply_id, holder=holder, reclaim_own=_concurrency == 1)

@@ -15,7 +15,7 @@ from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, NotFound
 from chatapp.chat.models import Conversation
 from chatapp.chat.payloads import conversation_dict, message_dict
-from chatapp.generation import orphans, replies
+from chatapp.generation import orphans, replies, served_models
 from chatapp.prompts import catalog
 
 
@@ -52,6 +52,9 @@ def _page(request: HttpRequest, conversation=None) -> HttpResponse:
         # The picker shows the open conversation's preset (New chat then makes another like it).
         "selected_preset": conversation.preset_id if conversation else catalog.default_preset_id(),
         "conversation": conversation,
+        # The model picker (shown when several models are served), like the preset's.
+        "models": served_models.aliases(),
+        "selected_model": served_models.alias_of(conversation.model if conversation else ""),
         "max_chars": settings.MAX_USER_MESSAGE_CHARS,
         "title_max_chars": Conversation.TITLE_MAX_CHARS,
     }
@@ -91,7 +94,8 @@ def conversation_messages(request: HttpRequest, conversation_id: int) -> JsonRes
 def conversation_new(request: HttpRequest) -> HttpResponse:
     try:
         conversation = services.conversation_create(
-            owner=request.user, preset_id=request.POST.get("preset_id") or None
+            owner=request.user, preset_id=request.POST.get("preset_id") or None,
+            model=served_models.conversation_model(request.POST.get("model") or None),
         )
     except ChatError as exc:
         return _error_page(request, exc)

@@ -25,7 +25,7 @@ from chatapp.api.v1.parsing import CompletionRequest
 from chatapp.api.v1.tool_params import calls_key
 from chatapp.chat.errors import sentence
 from chatapp.echo import quoted
-from chatapp.generation import dispatch, receipts, remote, router
+from chatapp.generation import dispatch, receipts, remote, router, served_models
 from chatapp.generation.embedded import aget_tokenizer
 from chatapp.generation.jobs import Generation, Job, Options, run_here, stop_token_ids
 from chatapp.prompts import tools as tools_convention
@@ -36,14 +36,20 @@ log = logging.getLogger(__name__)
 
 
 def model_ids() -> list[str]:
-    return [settings.LLM_MODEL, *[a for a in settings.API_MODEL_ALIASES if a != settings.LLM_MODEL]]
+    """What /v1/models lists: every served model, then the default's extra names."""
+    return served_models.names_listed()
 
 
-def check_model(name: str) -> None:
-    if name not in model_ids():
-        available = ", ".join(model_ids())
-        raise OpenAIError(404, f"The model {quoted(name)} does not exist. Available: {available}.",
-                          param="model", code="model_not_found")
+def check_model(name: str) -> str:
+    """The alias of the served model `name` denotes; OpenAI's 404 model_not_found else."""
+    try:
+        if name:
+            return served_models.resolve(name).alias
+    except served_models.UnknownModel:
+        pass
+    available = ", ".join(model_ids())
+    raise OpenAIError(404, f"The model {quoted(name)} does not exist. Available: {available}.",
+                      param="model", code="model_not_found")
 
 
 def tenant_of(key: ApiKey) -> str:
@@ -79,8 +85,9 @@ class Prepared:
         return list(self.job.prompt_ids)
 
 
-def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
-    """Build the prompt and the job (sync: it reads the remembered ids and tokenizes)."""
+def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, model: str = "") -> Prepared:
+    """Build the prompt and the job for `model` (an alias; its tokenizer is `tokenizer`)
+    (sync: it reads the remembered ids and tokenizes)."""
     builder = builder_for(tokenizer)
     tenant = tenant_of(key)
     salt = request_salt(key, req.cache_salt)
@@ -124,7 +131,9 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer) -> Prepared:
             logprobs=req.top_logprobs if req.logprobs else None,
             json_schema=schema,
         ),
-        affinity=router.conversation_key(cache_salt=salt, plan=plan),
+        # Each model's engines hold their own blocks: the model is part of the key.
+        affinity=router.conversation_key(cache_salt=salt, plan=plan, model=model),
+        model=model,
     )
     # The ids the engine stops on (chatapp.generation.jobs), the EOS included.
     return Prepared(job=job, tenant=tenant, stop_token_ids=stop_token_ids(tokenizer),
@@ -324,12 +333,13 @@ async def open_completion(*, key: ApiKey, req: CompletionRequest) -> Completion:
     OpenAIError for anything the client got wrong."""
     from inference import InvalidRequestError
 
-    tokenizer = await aget_tokenizer()
-    prepared = await sync_to_async(prepare)(key=key, req=req, tokenizer=tokenizer)
+    model = check_model(req.model)
+    tokenizer = await aget_tokenizer(model)
+    prepared = await sync_to_async(prepare)(key=key, req=req, tokenizer=tokenizer, model=model)
     job = prepared.job
     queue = await sync_to_async(dispatch.completion_queue)(
         max_tokens=job.options.max_tokens or job.options.default_max_tokens,
-        affinity=job.affinity,
+        affinity=job.affinity, model=model,
     )
     source = run_here if queue is None else (lambda j: remote.relay(j, queue))
     generation = Generation(job, source)

@@ -20,7 +20,7 @@ def no_local_engine(monkeypatch):
     """These tests never load the model: this process hosts no engine."""
     from chatapp.generation import embedded as host
 
-    monkeypatch.setattr(host, "_engine", None)
+    monkeypatch.setattr(host, "_engines", {})
 
 
 @pytest.mark.parametrize("url", ADMIN_PAGES)
@@ -87,7 +87,7 @@ def test_healthz_is_alive_and_readyz_wants_a_model(client):
 def test_readyz_is_ready_with_a_model_and_a_database(client, monkeypatch):
     from chatapp.generation import embedded as host
 
-    monkeypatch.setattr(host, "_engine", object())
+    monkeypatch.setattr(host, "_engines", {host.served_models.default_alias(): object()})
     response = client.get("/readyz")
     assert response.status_code == 200 and response.json()["status"] == "ready"
 
@@ -102,7 +102,7 @@ def test_readyz_says_which_kernel_path_and_dtypes_the_loaded_engine_took(client,
     config = SimpleNamespace(dtype="float32", weight_dtype="int4")
     stand_in = SimpleNamespace(config=config,
                                engine=SimpleNamespace(config=config, cpu_path=cpu_path()))
-    monkeypatch.setattr(host, "_engine", stand_in)
+    monkeypatch.setattr(host, "_engines", {host.served_models.default_alias(): stand_in})
     response = client.get("/readyz")
     assert response.status_code == 200
     assert response.json()["checks"]["model"] == {
@@ -113,7 +113,7 @@ def test_readyz_says_which_kernel_path_and_dtypes_the_loaded_engine_took(client,
 def test_readyz_checks_redis_where_configured(client, monkeypatch, settings):
     from chatapp.generation import embedded as host
 
-    monkeypatch.setattr(host, "_engine", object())
+    monkeypatch.setattr(host, "_engines", {host.served_models.default_alias(): object()})
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
     response = client.get("/readyz")
     assert response.status_code == 503

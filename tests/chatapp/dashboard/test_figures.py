@@ -14,12 +14,16 @@ from chatapp.dashboard.models import EngineSample, EngineStatus
 
 from .conftest import fake_snapshot
 
+# The labels of fake_snapshot()'s engines in /metrics.
+WORKER_1 = (("engine", "worker-1"), ("model", "fake-model"))
+WORKER_2 = (("engine", "worker-2"), ("model", "fake-model"))
+
 
 @pytest.fixture(autouse=True)
 def no_local_engine(monkeypatch):
     from chatapp.generation import embedded as host
 
-    monkeypatch.setattr(host, "_engine", None)
+    monkeypatch.setattr(host, "_engines", {})
 
 
 def test_quantiles():
@@ -61,6 +65,37 @@ def test_several_engines_are_shown_each_and_totalled():
     assert total["recent"]["requests"] == 4
     assert total["ttft"]["hit"] == {"requests": 2, "p50": 0.05, "p95": 0.05}
     assert total["ttft"]["miss"]["p95"] == 0.5
+
+
+@pytest.mark.django_db
+def test_figures_per_model_add_up_to_the_total(client, staff_client):
+    """Several models (LLM_MODELS): each model's engines, in every process, are summed
+    under its alias, on the page and in /metrics, and the models add up to the total."""
+    sampling.snapshot_record(snapshot=fake_snapshot("web:small", model="small"))
+    sampling.snapshot_record(snapshot=fake_snapshot("w1:small", model="small",
+                                                    prefix_cache_hits=100, num_running=3))
+    sampling.snapshot_record(snapshot=fake_snapshot("web:tiny", model="tiny",
+                                                    prefix_cache_queries=400, evictions=9))
+    figures = selectors.dashboard_figures()
+    models = {m["model"]: m for m in figures["models"]}
+    assert (models["small"]["engines"], models["tiny"]["engines"]) == (2, 1)
+    assert models["small"]["prefix_cache_hits"] == 700
+    assert models["tiny"]["prefix_cache_queries"] == 400
+    for key in stats.SUMMED:
+        assert sum(m[key] for m in models.values()) == figures["total"][key], key
+    assert models["small"]["hit_rate"] == pytest.approx(700 / 2000)
+
+    page = staff_client.get("/admin/cache/").content.decode()
+    assert 'id="model-small" data-model="small"' in page and 'id="model-tiny"' in page
+
+    text = client.get("/metrics").content.decode()
+    by_model: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "prefixchat:prefix_cache_hits_total":
+                by_model[sample.labels["model"]] = (by_model.get(sample.labels["model"], 0)
+                                                    + sample.value)
+    assert by_model == {"small": 700, "tiny": 600}
 
 
 @pytest.mark.django_db
@@ -157,7 +192,7 @@ def test_the_worker_carries_out_a_requested_reset_at_its_next_sample(monkeypatch
     sampling.snapshot_record(snapshot=fake_snapshot("worker-1"))
     EngineStatus.objects.update(reset_requested_at=timezone.now())
     fake = FakeEngine()
-    monkeypatch.setattr(host, "_engine", fake)
+    monkeypatch.setattr(host, "_engines", {"fake-model": fake})
     assert sampling.engine_sample_local() is True
     assert sampling.engine_sample_local() is True
     assert fake.resets == 1  # done once, not at every sample
@@ -176,9 +211,9 @@ def test_a_worker_reports_its_kernel_path_and_it_is_shown_and_exported(client, s
     config = SimpleNamespace(dtype="float32", weight_dtype="int4")
     worker = SimpleNamespace(config=config, metrics=lambda: fake_snapshot("worker-1"),
                              engine=SimpleNamespace(config=config, cpu_path=cpu_path()))
-    monkeypatch.setattr(host, "_engine", worker)
+    monkeypatch.setattr(host, "_engines", {"fake-model": worker})
     assert sampling.engine_sample_local() is True
-    monkeypatch.setattr(host, "_engine", None)
+    monkeypatch.setattr(host, "_engines", {})
     carried = EngineStatus.objects.get(engine_id="worker-1").snapshot
     assert (carried["cpu_path"], carried["dtype"], carried["weight_dtype"]) == (
         cpu_path(), "float32", "int4")
@@ -202,11 +237,14 @@ def test_a_worker_reports_its_kernel_path_and_it_is_shown_and_exported(client, s
     (family,) = [f for f in text_string_to_metric_families(text)
                  if f.name == "prefixchat:engine_info"]
     assert {s.labels["engine"]: (s.labels, s.value) for s in family.samples} == {
-        "worker-1": ({"engine": "worker-1", "model": "fake-model", "cpu_path": cpu_path(),
+        "worker-1": ({"engine": "worker-1", "model": "fake-model", "model_path": "fake-model",
+                      "cpu_path": cpu_path(),
                       "dtype": "float32", "weight_dtype": "int4"}, 1.0),
-        "worker-2": ({"engine": "worker-2", "model": "fake-model", "cpu_path": "neon",
+        "worker-2": ({"engine": "worker-2", "model": "fake-model", "model_path": "fake-model",
+                      "cpu_path": "neon",
                       "dtype": "bfloat16", "weight_dtype": "int8"}, 1.0),
-        "old-worker": ({"engine": "old-worker", "model": "fake-model", "cpu_path": "",
+        "old-worker": ({"engine": "old-worker", "model": "fake-model", "model_path": "fake-model",
+                      "cpu_path": "",
                         "dtype": "", "weight_dtype": ""}, 1.0),
     }
 
@@ -219,10 +257,11 @@ def test_a_failing_sample_never_raises(monkeypatch):
 
     from chatapp.generation import embedded as host
 
-    monkeypatch.setattr(host, "_engine", BrokenEngine())
+    monkeypatch.setattr(host, "_engines", {"fake-model": BrokenEngine()})
     assert sampling.Sampler(interval=1).run_once() is False
 
-    monkeypatch.setattr(host, "_engine", type("E", (), {"metrics": lambda self: fake_snapshot()})())
+    healthy = type("E", (), {"metrics": lambda self: fake_snapshot()})()
+    monkeypatch.setattr(host, "_engines", {"fake-model": healthy})
     monkeypatch.setattr(sampling.EngineSample.objects, "create",
                         lambda **kw: (_ for _ in ()).throw(RuntimeError("db down")))
     assert sampling.Sampler(interval=1).run_once() is False
@@ -238,13 +277,13 @@ def test_metrics_keep_the_local_engine_while_the_database_is_away(client, monkey
     def unreachable():
         raise DatabaseError("connection refused")
 
-    monkeypatch.setattr(engines, "local_snapshot", lambda: fake_snapshot("web"))
+    monkeypatch.setattr(engines, "local_snapshots", lambda: [fake_snapshot("web")])
     monkeypatch.setattr(EngineStatus.objects, "all", unreachable)
     text = client.get("/metrics").content.decode()
     (family,) = [f for f in text_string_to_metric_families(text)
                  if f.name == "prefixchat:prefix_cache_hits"]
     assert [(s.labels, s.value) for s in family.samples if s.name.endswith("_total")] == [
-        ({"engine": "web"}, 600.0)]
+        ({"engine": "web", "model": "fake-model"}, 600.0)]
 
 
 @pytest.mark.django_db
@@ -274,11 +313,11 @@ def test_the_host_disk_tier_and_why_matches_ended_are_shown_and_exported(client,
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(text) for s in f.samples}
     assert samples[("prefixchat:prefix_cache_match_end_total",
-                    (("engine", "worker-1"), ("reason", "evicted_pool")))] == 2
+                    (*WORKER_1, ("reason", "evicted_pool")))] == 2
     assert samples[("prefixchat:prefix_cache_hits_tier_total",
-                    (("engine", "worker-1"),))] == 320
-    assert samples[("prefixchat:kv_tier_disk_bytes", (("engine", "worker-1"),))] == 14_745_600
-    assert samples[("prefixchat:kv_tier_restore_seconds_count", (("engine", "worker-1"),))] == 4
+                    WORKER_1)] == 320
+    assert samples[("prefixchat:kv_tier_disk_bytes", WORKER_1)] == 14_745_600
+    assert samples[("prefixchat:kv_tier_restore_seconds_count", WORKER_1)] == 4
 
 
 @pytest.mark.django_db
@@ -292,8 +331,8 @@ def test_prefix_sharing_while_blocks_are_computed_is_summed_and_exported(client)
     text = client.get("/metrics").content.decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(text) for s in f.samples}
-    assert samples[("prefixchat:prefix_waits_total", (("engine", "worker-1"),))] == 3
-    assert samples[("prefixchat:inflight_shared_blocks_total", (("engine", "worker-2"),))] == 2
+    assert samples[("prefixchat:prefix_waits_total", WORKER_1)] == 3
+    assert samples[("prefixchat:inflight_shared_blocks_total", WORKER_2)] == 2
 
 
 def _requests(n: int, *, hit_every: int = 5) -> list[dict]:

@@ -128,14 +128,14 @@ def test_recent_requests_say_where_each_match_ended(workload, staff_client):
     assert later and all(by_id[r.request_id]["cause"].startswith("full") for r in later)
 
 
-def test_metrics_endpoint_has_the_cache_counters(workload, client):
+def test_metrics_endpoint_has_the_cache_counters(workload, client, settings):
     now = workload["engine"].metrics()
     text = client.get("/metrics").content.decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
 
     def value(family: str, sample: str, **labels) -> float:
-        (s,) = [s for s in families[family].samples
-                if s.name == sample and s.labels == {"engine": now["engine_id"], **labels}]
+        (s,) = [s for s in families[family].samples if s.name == sample and s.labels == {
+            "engine": now["engine_id"], "model": settings.LLM_MODEL, **labels}]
         return s.value
 
     p = "prefixchat:"

@@ -167,8 +167,8 @@ async def test_prewarm_loads_nothing_without_a_kv_tier(alice, settings, monkeypa
     loads the model nor queries its history; with one it goes to the engine."""
     asked = []
 
-    async def engine_wanted():
-        asked.append(True)
+    async def engine_wanted(model=None):
+        asked.append(model)
         raise LookupError("the engine was asked for")
 
     monkeypatch.setattr(generation, "aget_engine", engine_wanted)
