@@ -1,5 +1,5 @@
 """Tools in a prompt, as each model family was trained to see them. A chat format names
-its convention in its front matter (`tool_calls = "hermes"` or `"llama3"`):
+its convention in its front matter (`tool_calls = "hermes"`, `"llama3"` or `"gemma"`):
 
 - **hermes** (ChatML models: SmolLM2, Qwen2, Qwen3; the Hermes and Qwen2.5 templates'
   convention): the functions are listed in the system message, one JSON signature a
@@ -167,7 +167,7 @@ class Gemma(Llama3):
     _FENCE = re.compile(r"\A```(?:json|tool_code)?\s*\n(.*?)\n?```\Z", re.DOTALL)
 
     def tools_text(self, tools: Sequence[Mapping]) -> str:
-        signatures = "\n".join(_dumps(tool) for tool in tools)
+        signatures = ",\n".join(_dumps(tool) for tool in tools)  # a JSON array, a tool a line
         return (
             "You have access to functions. If you decide to invoke any of the function(s), "
             "you MUST put it in the format of\n"

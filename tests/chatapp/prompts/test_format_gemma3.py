@@ -244,6 +244,8 @@ def test_the_same_tools_give_the_same_blocks(builder):
     text = gemma.system_with_tools("Be brief.", [WEATHER])
     again = gemma.system_with_tools("Be brief.", [json.loads(json.dumps(WEATHER))])
     assert text == again and '"name": "get_weather"' in text
+    listed = json.loads(gemma.tools_text([WEATHER, WEATHER]).split("function\n", 1)[1])
+    assert listed == [WEATHER, WEATHER]
     a = builder.build_from_turns([("system", text), ("user", "Weather in Paris?")])
     b = builder.build_from_turns([("system", again), ("user", "And in Rome?")])
     system = builder.system_segment_for_text(text)
