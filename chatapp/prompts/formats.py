@@ -17,6 +17,12 @@ at a time, as the difference between the format applied to a fixed probe
 conversation with and without that message, so a message's text is the same
 whatever comes before or after it. That is only sound for formats that do not
 rewrite history; `prompts lint` checks exactly that.
+
+Three places a message can stand: opening the conversation (BOS included), right
+after the opening system message, or after a reply. The middle one matters for
+formats without a system role: Gemma's system text opens the first user turn,
+which the first user message then continues (`first_turn_parts`), and whatever
+else follows the system text closes that turn first (`system_close_text`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from jinja2 import TemplateError
 from chatapp.prompts.errors import FormatError
 from chatapp.prompts.presets import templates_dir
 from chatapp.prompts.templating import parse_front_matter, sandbox_environment
+from chatapp.prompts.tools import CONVENTIONS
 
 # Stands in for a message's content while probing the format; private-use code points
 # keep it from meeting anything a template could do to ordinary text.
@@ -41,8 +48,12 @@ _AFTER_A_REPLY = [
     {"role": "user", "content": "U"},
     {"role": "assistant", "content": "A"},
 ]
+_AFTER_SYSTEM = _AFTER_A_REPLY[:1]
 _PROBES = {"user": _AFTER_A_REPLY, "assistant": _AFTER_A_REPLY[:2], "system": _AFTER_A_REPLY}
-ROLES = tuple(_PROBES)
+# Tool results come back in a role of their own in some conventions (chatapp.prompts.tools):
+# probed like a user message.
+RESULT_ROLES = ("ipython", "tool")
+ROLES = (*_PROBES, *RESULT_ROLES)
 
 
 def formats_dir() -> Path:
@@ -50,9 +61,9 @@ def formats_dir() -> Path:
 
 
 def _probe(role: str) -> list[dict[str, str]]:
-    if role not in _PROBES:
+    if role not in ROLES:
         raise FormatError(f"role {role!r} is not supported (use one of {', '.join(ROLES)})")
-    return _PROBES[role]
+    return _PROBES.get(role, _AFTER_A_REPLY)
 
 
 class ChatFormat:
@@ -79,8 +90,9 @@ class ChatFormat:
         self.bos_token: str = str(meta.get("bos_token", ""))
         # How tools and calls are written in this format's turns (chatapp.prompts.tools).
         self.tool_calls: str = str(meta.get("tool_calls", "hermes"))
-        if self.tool_calls not in ("hermes", "llama3"):
-            raise FormatError(f"{where}: tool_calls must be \"hermes\" or \"llama3\"")
+        if self.tool_calls not in CONVENTIONS:
+            names = ", ".join(f'"{name}"' for name in CONVENTIONS)
+            raise FormatError(f"{where}: tool_calls must be one of {names}")
         try:
             self._template = sandbox_environment("format").from_string(source)
         except TemplateError as exc:
@@ -106,8 +118,8 @@ class ChatFormat:
             # Runtime errors inside the template are the format's fault, not the caller's.
             raise FormatError(f"chat format {self.name!r} failed to render: {exc}") from exc
 
-    def _delta(self, role: str, content: str) -> str:
-        probe = _probe(role)
+    def _delta(self, role: str, content: str, probe: list[dict[str, str]] | None = None) -> str:
+        probe = _probe(role) if probe is None else probe
         base = self.render(probe)
         full = self.render([*probe, {"role": role, "content": content}])
         if not full.startswith(base):
@@ -136,6 +148,36 @@ class ChatFormat:
         return self._split(
             self._delta(role, content), self._probe_deltas[role], f"a {role} message's"
         )
+
+    def first_turn_parts(self, role: str, content: str) -> tuple[str, str, str]:
+        """Like turn_parts, for the message right after the opening system message (for
+        ChatML and Llama 3 the same as turn_parts; Gemma's first user message continues
+        the turn the system text opened)."""
+        _probe(role)
+        key = "after system: " + role
+        if key not in self._probe_deltas:
+            self._probe_deltas[key] = self._delta(role, SENTINEL, _AFTER_SYSTEM)
+        return self._split(
+            self._delta(role, content, _AFTER_SYSTEM),
+            self._probe_deltas[key],
+            f"the {role} message after the system message's",
+        )
+
+    @functools.cached_property
+    def system_close_text(self) -> str:
+        """What a reply right after the opening system message is preceded by, besides the
+        generation prompt: "" where the system turn is closed already (ChatML, Llama 3),
+        the end of the user turn the system text opened (Gemma)."""
+        base = self.render(_AFTER_SYSTEM)
+        with_prompt = self.render(_AFTER_SYSTEM, add_generation_prompt=True)
+        header = self.generation_prompt_text
+        if not (with_prompt.startswith(base) and with_prompt.endswith(header)
+                and len(with_prompt) >= len(base) + len(header)):
+            raise FormatError(
+                f"chat format {self.name!r}: the generation prompt after the system message "
+                "rewrites the prompt or is not the usual one"
+            )
+        return with_prompt[len(base) : len(with_prompt) - len(header)]
 
     def opening_parts(self, role: str, content: str) -> tuple[str, str, str]:
         """Like turn_parts, for the message that opens a conversation (BOS included)."""

@@ -377,7 +377,8 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
     try:
         last = conversations[-1]
         pieces = ["".join(fmt.opening_parts("system", last[0]["content"]))]
-        pieces += ["".join(fmt.turn_parts(m["role"], m["content"])) for m in last[1:]]
+        pieces.append("".join(fmt.first_turn_parts(last[1]["role"], last[1]["content"])))
+        pieces += ["".join(fmt.turn_parts(m["role"], m["content"])) for m in last[2:]]
         pieces.append(fmt.generation_prompt_text)
         by_message = "".join(pieces)
         whole = fmt.render(last, add_generation_prompt=True)
@@ -398,6 +399,12 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
             )
         if fmt.stop_token not in fmt.end_of_turn:
             result.add("structure", "stop_token is not part of end_of_turn")
+        # A reply right after the system text: the turn it opened is closed, then the
+        # usual generation prompt (the builder puts the two together).
+        before, _, _ = fmt.first_turn_parts("assistant", "x")
+        if before != fmt.system_close_text + fmt.generation_prompt_text:
+            result.add("structure", "an assistant turn right after the system message does "
+                       "not begin with what closes the system turn and the generation prompt")
     except FormatError as exc:
         if not any(p.code == "history" for p in result.problems):
             result.add("history", str(exc))
@@ -405,12 +412,42 @@ def lint_format(path: Path, source: str, *, tokenizer) -> LintResult:
     vocab = tokenizer.get_vocab()
     if all(tok in vocab for tok in fmt.special_tokens):
         result.notes.append("this tokenizer has the format's special tokens")
+        if result.ok:
+            _check_format_tokens(fmt, tokenizer, result)
     else:
         result.notes.append("this tokenizer lacks the format's special tokens: checked as text")
     if result.ok:
         result.notes.append(f"{len(conversations)}-turn replay and a {len(TOOL_REPLAY)}-turn "
                             "tool loop: every prompt extends the previous one")
     return result
+
+
+def _check_format_tokens(fmt: ChatFormat, tokenizer, result: LintResult) -> None:
+    """The token-level proof with this tokenizer: the system segment fills whole blocks
+    and is the same for two conversations, and a conversation built turn by turn from
+    stored ids (what the chat service does) extends its previous prompt every turn."""
+    try:
+        builder = PromptBuilder(tokenizer, block_size=16, chat_format=fmt)
+        system_ids = builder.system_segment_for_text("You are a helpful assistant.")
+        if len(system_ids) % builder.block_size:
+            result.add("alignment", f"system segment of {len(system_ids)} tokens is not "
+                       "block-aligned")
+            return
+        a = builder.build(system_ids, [], REPLAY_USERS[0]).token_ids
+        b = builder.build(system_ids, [], REPLAY_USERS[1]).token_ids
+        if a[: len(system_ids)] != b[: len(system_ids)]:
+            result.add("alignment", "two conversations on one system prompt do not share its "
+                       "blocks: " + describe_divergence(tokenizer, a, b))
+        failure = _replay_preset(builder, system_ids)
+    except PromptError as exc:
+        result.add("history", f"token level: {exc}")
+        return
+    if failure:
+        result.add("history", f"token level: {failure}")
+    else:
+        result.notes.append(f"token level: a {len(system_ids)}-token system segment "
+                            f"({len(system_ids) // 16} × 16-token blocks) and a 4-turn replay "
+                            "from stored ids, every prompt extending the previous one")
 
 
 # -- entry points ----------------------------------------------------------------------------

@@ -189,9 +189,10 @@ class PromptBuilder:
     (default: settings.LLM_BLOCK_SIZE).
     """
 
-    def __init__(self, tokenizer, block_size: int | None = None):
+    def __init__(self, tokenizer, block_size: int | None = None, chat_format=None):
         self.tokenizer = tokenizer
-        self.chat_format = chat_format = format_for_tokenizer(tokenizer)
+        # `chat_format` (a ChatFormat) overrides the one the tokenizer's tokens name (lint).
+        self.chat_format = chat_format = chat_format or format_for_tokenizer(tokenizer)
         self.block_size = int(block_size if block_size is not None else default_block_size())
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
@@ -201,6 +202,10 @@ class PromptBuilder:
         # Fixed pieces of the format, encoded once.
         self._generation_prompt = self.encoder.trusted(chat_format.generation_prompt_text)
         self._end_of_turn = self.encoder.trusted(chat_format.end_of_turn)
+        # What closes a system turn when no user message continues it ("" but for Gemma).
+        self._system_close = self.encoder.trusted(chat_format.system_close_text)
+        # The system turn's own closing text: the filler goes just before it.
+        self._system_tail = self.encoder.trusted(chat_format.opening_parts("system", "S")[2])
         filler = self.encoder.trusted(chat_format.filler)
         if len(filler) != 1:
             raise FormatError(
@@ -237,7 +242,8 @@ class PromptBuilder:
         return tuple(self._pad(self.encoder.parts(*self.chat_format.opening_parts("system", text))))
 
     def _pad(self, ids: list[int]) -> list[int]:
-        """Insert filler before the end-of-turn tokens so the segment fills whole blocks.
+        """Insert filler before the system turn's closing tokens (the end of turn; Gemma's
+        blank line before the first user message) so the segment fills whole blocks.
 
         The filler goes inside the system turn (trailing whitespace of the system
         text, as far as the model can tell) rather than between turns, where the
@@ -247,19 +253,26 @@ class PromptBuilder:
         pad = -len(ids) % self.block_size
         if pad == 0:
             return ids
-        eot = self._end_of_turn
-        at = len(ids) - len(eot) if eot and ids[-len(eot) :] == eot else len(ids)
+        tail = self._system_tail
+        at = len(ids) - len(tail) if tail and ids[-len(tail) :] == tail else len(ids)
         return ids[:at] + [self.filler_id] * pad + ids[at:]
 
-    def user_segment(self, text: str, *, opening: bool = False) -> list[int]:
+    def user_segment(
+        self, text: str, *, opening: bool = False, after_system: bool = False
+    ) -> list[int]:
         """The whole user turn, end of turn included. `opening`: it starts the conversation
-        (no system prompt), so formats that open with BOS get it here."""
+        (no system prompt), so formats that open with BOS get it here. `after_system`: it
+        is the first message after the system segment (Gemma's continues that turn)."""
         check_user_text(text)
-        return self._turn(role="user", text=text, opening=opening)
+        return self._turn(role="user", text=text, opening=opening, after_system=after_system)
 
-    def _turn(self, *, role: str, text: str, opening: bool) -> list[int]:
+    def _turn(
+        self, *, role: str, text: str, opening: bool, after_system: bool = False
+    ) -> list[int]:
         fmt = self.chat_format
-        return self.encoder.parts(*(fmt.opening_parts if opening else fmt.turn_parts)(role, text))
+        parts = fmt.opening_parts if opening else (
+            fmt.first_turn_parts if after_system else fmt.turn_parts)
+        return self.encoder.parts(*parts(role, text))
 
     def generation_prompt(self) -> list[int]:
         return list(self._generation_prompt)
@@ -325,7 +338,8 @@ class PromptBuilder:
         for i, seg in enumerate(history):
             if not seg:
                 raise PromptError(f"history segment {i} is empty (a stored message lost its ids)")
-        user = self.user_segment(new_user_text, opening=not system and not history)
+        user = self.user_segment(new_user_text, opening=not system and not history,
+                                 after_system=bool(system) and not history)
         if preset_id is None and system:
             preset_id, preset_version = self._origin.get(tuple(system)) or (None, None)
         pieces = [("system", system)] + [("history", seg) for seg in history]
@@ -361,16 +375,19 @@ class PromptBuilder:
             msgs = msgs[1:]
         for i, (role, text) in enumerate(msgs):
             opening = not pieces
+            after_system = bool(pieces) and i == 0
             if role == "user":
-                seg = self.user_segment(text, opening=opening)
+                seg = self.user_segment(text, opening=opening, after_system=after_system)
             elif role == "assistant":
                 seg = self._assistant_from_api(text, assistant_ids_lookup, opening)
+                seg = (self._system_close if after_system else []) + seg
             else:
-                seg = self._turn(role=role, text=text, opening=opening)
+                seg = self._turn(role=role, text=text, opening=opening, after_system=after_system)
             new_user = role == "user" and i == len(msgs) - 1
             pieces.append(("user" if new_user else "history", seg))
         if add_generation_prompt:
-            pieces.append(("generation_prompt", self._generation_prompt))
+            close = self._system_close if pieces and pieces[-1][0] == "system" else []
+            pieces.append(("generation_prompt", close + self._generation_prompt))
         return self._plan(pieces, (None, None), cache_salt)
 
     def _assistant_from_api(self, text: str, lookup, opening: bool) -> list[int]:

