@@ -12,7 +12,7 @@ weight dtype can hold them:
 | GGUF type | as              | our kind | exact? |
 | --------- | --------------- | -------- | ------ |
 | Q8_0      | q * d           | int8     | yes |
-| Q8_0      | (q + k) * d - k * d | uint8 | yes where k (64 or 128) fits the group's levels, else k = 120 and k * d rounds to fp16 |
+| Q8_0      | (q + k) * d - k * d | uint8 | yes where k = 64 or 128 fits the group's levels, else k = 120 and k * d rounds to fp16 |
 | Q4_0      | q * d - 8 d     | int4, uint8 | yes |
 | Q4_1      | q * d + m       | int4, uint8 | yes |
 | Q5_0      | q * d - 16 d    | uint8    | yes |
@@ -72,6 +72,8 @@ EXACT_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
 # fp16's unit roundoff and half its smallest subnormal step.
 FP16_ROUNDOFF = 2.0**-11
 FP16_HALF_TINY = 2.0**-25
+# Rows at a time where a whole tensor's temporaries would be large (a 262k-row embedding).
+CHUNK_ROWS = 8192
 # The file beside a converted model that names the GGUF it came from.
 SOURCE_RECORD = "gguf_source.json"
 
@@ -174,19 +176,23 @@ def to_kind(rows: AffineRows, kind: str) -> QuantizedWeight | None:
         data = q.astype(np.uint8)
         scale = np.stack((step, offset), axis=-1).astype(np.float16)
     elif kind == "uint8":
-        # (q' - 8) * D / 16 + m with D / 16 = step: q' = q + k + 8, m = offset - k * step.
+        # (q' - 8) * D / 16 + m with q' = mu * (q + k) + 8, D = 16 * step / mu and
+        # m = offset - k * step. 4-bit levels take mu = 16, int4's grid with each step
+        # cut in 16 as quantize() lays a Q4_1 group out (the same bytes); wider ones
+        # mu = 1. Q8_0's symmetric levels need k: k * step is exact in fp16 for k a
+        # power of 2, so one is taken where the group's levels fit.
         if rows.signed:
             lo, hi = groups.min(axis=2), groups.max(axis=2)
-            # k * step is exact in fp16 for k a power of 2: take one where the levels fit.
             k = np.where(hi <= 119, 128, np.where(lo >= -72, 64, 120)).astype(np.float32)
         else:
             k = np.zeros(step.shape, dtype=np.float32)
-        levels = groups + (k[..., None] + 8).astype(np.int16)
+        mu = 16 if not rows.signed and groups.max() <= 15 else 1
+        levels = mu * (groups + k[..., None].astype(np.int16)) + 8
         if levels.min() < 0 or levels.max() > 255:
             return None
         data = levels.reshape(out, cols).astype(np.uint8)
         m = offset.astype(np.float64) - k.astype(np.float64) * step.astype(np.float64)
-        scale = np.stack((16 * step.astype(np.float64), m), axis=-1).astype(np.float16)
+        scale = np.stack((16 / mu * step.astype(np.float64), m), axis=-1).astype(np.float16)
     else:
         return None
     if not np.isfinite(scale).all():
@@ -244,16 +250,26 @@ def row_hashes(values: np.ndarray) -> np.ndarray:
     if cols not in _HASH_KEYS:
         rng = np.random.default_rng(cols)
         _HASH_KEYS[cols] = rng.integers(1, 2**63, size=cols, dtype=np.uint64) | np.uint64(1)
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    with np.errstate(over="ignore"):
-        return (bits * _HASH_KEYS[cols]).sum(axis=1, dtype=np.uint64)
+    out = np.empty(values.shape[0], dtype=np.uint64)
+    for i in range(0, values.shape[0], CHUNK_ROWS):  # small uint64 temporaries
+        part = np.ascontiguousarray(values[i : i + CHUNK_ROWS], dtype=np.float32)
+        bits = part.view(np.uint32).astype(np.uint64)
+        with np.errstate(over="ignore"):
+            out[i : i + CHUNK_ROWS] = (bits * _HASH_KEYS[cols]).sum(axis=1, dtype=np.uint64)
+    return out
 
 
-def dequantize_tensor(tensor) -> np.ndarray:
-    """A GGUF reader tensor as fp32 [rows, cols] (numpy order: GGUF's shape reversed),
-    by the gguf package's own dequantizers."""
-    values = dequantize(tensor.data, tensor.tensor_type)
+def dequantize_tensor(tensor, rows: slice = slice(None)) -> np.ndarray:
+    """A GGUF reader tensor (or some of its rows) as fp32 [rows, cols] (numpy order:
+    GGUF's shape reversed), by the gguf package's own dequantizers."""
+    values = dequantize(np.asarray(tensor.data)[rows], tensor.tensor_type)
     return np.asarray(values, dtype=np.float32).reshape(-1, int(tensor.shape[0]))
+
+
+def _tensor_hashes(tensor) -> np.ndarray:
+    n = int(np.asarray(tensor.data).shape[0])
+    return np.concatenate([row_hashes(dequantize_tensor(tensor, slice(i, i + CHUNK_ROWS)))
+                           for i in range(0, n, CHUNK_ROWS)])
 
 
 class NativeSource:
@@ -273,7 +289,7 @@ class NativeSource:
             for t in self.tensors:
                 if int(t.shape[0]) != cols:
                     continue
-                h = row_hashes(dequantize_tensor(t))
+                h = _tensor_hashes(t)
                 names.append(t)
                 hashes.append(h)
                 index.append(np.stack((np.full(len(h), len(names) - 1), np.arange(len(h))), 1))
@@ -314,19 +330,22 @@ class NativeSource:
             native = self.native(tensor, qw.kind)
             if native is None:
                 continue
-            rows = np.nonzero(found & (src[:, 0] == ti))[0]
-            their = torch.from_numpy(src[rows, 1])
-            ours = torch.from_numpy(rows)
-            cand = QuantizedWeight(qw.kind, native.data[their], native.scale[their], qw.in_features)
-            got = dequantize_ours(cand, torch.float32)
-            want = weight.detach().cpu()[ours].float()
-            if not bool(((got - want).abs() <= rounding_bound(cand)).all()):
-                log.warning("%s: rows that hash as %s's differ from it; re-quantized",
-                            self.path.name, tensor.name)
-                continue
-            qw.data[ours.to(qw.data.device)] = cand.data.to(qw.data.device)
-            qw.scale[ours.to(qw.scale.device)] = cand.scale.to(qw.scale.device)
-            replaced += len(rows)
+            matched = np.nonzero(found & (src[:, 0] == ti))[0]
+            for i in range(0, len(matched), CHUNK_ROWS):
+                rows = matched[i : i + CHUNK_ROWS]
+                their = torch.from_numpy(src[rows, 1])
+                ours = torch.from_numpy(rows)
+                cand = QuantizedWeight(qw.kind, native.data[their], native.scale[their],
+                                       qw.in_features)
+                got = dequantize_ours(cand, torch.float32)
+                want = weight.detach()[ours.to(weight.device)].cpu()
+                if not bool(((got - want).abs() <= rounding_bound(cand)).all()):
+                    log.warning("%s: rows that hash as %s's differ from it; re-quantized",
+                                self.path.name, tensor.name)
+                    continue
+                qw.data[ours.to(qw.data.device)] = cand.data.to(qw.data.device)
+                qw.scale[ours.to(qw.scale.device)] = cand.scale.to(qw.scale.device)
+                replaced += len(rows)
         return replaced
 
 

@@ -243,3 +243,20 @@ def test_gemma3_reads_but_the_engine_says_it_has_no_model_class_yet(tmp_path):
     assert {"gemma3", "gemma3_text"} <= set(loader.SUPPORTED_ARCHITECTURES)
     with pytest.raises(loader.ModelNotFoundError, match="no model class for it yet"):
         loader.load_config(tmp_path)
+
+
+def test_the_shipped_smollm2_rows_are_the_same_bytes_either_way():
+    """SmolLM2's Q4_1 layers and Q8_0 head: taken from the file or quantized again from
+    their values, the same bytes under int4 and uint8 (and int8 for the head), so
+    a converted folder that names its GGUF changes nothing for the default model."""
+    tensors = [t for t in gguf.GGUFReader(loader.smollm2_gguf_path()).tensors
+               if len(t.shape) == 2 and t.name.startswith(("blk.0.", "token_embd"))]
+    assert {t.tensor_type for t in tensors} == {T.Q4_1, T.Q8_0}
+    for t in tensors:
+        some = slice(0, 1024)  # of the head's 49152 rows too
+        rows = gw.affine_rows(np.asarray(t.data)[some], t.tensor_type, int(t.shape[0]))
+        values = torch.from_numpy(gw.dequantize_tensor(t, some))
+        kinds = ("int8",) if t.tensor_type == T.Q8_0 else ("int4", "uint8")
+        for kind in kinds:
+            native, again = gw.to_kind(rows, kind), quantize(values, kind)
+            assert torch.equal(native.data, again.data) and torch.equal(native.scale, again.scale)
