@@ -47,9 +47,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
+from inference.gguf_file import GGUFFile
 from kernels.quant_layout import GROUP, PAD, padded
 from kernels.quant_linear import QuantizedWeight
 from kernels.quant_linear import dequantize as dequantize_ours
@@ -262,8 +263,11 @@ def row_hashes(values: np.ndarray) -> np.ndarray:
 def dequantize_tensor(tensor, rows: slice = slice(None)) -> np.ndarray:
     """A GGUF reader tensor (or some of its rows) as fp32 [rows, cols] (numpy order:
     GGUF's shape reversed), by the gguf package's own dequantizers."""
-    values = dequantize(np.asarray(tensor.data)[rows], tensor.tensor_type)
-    return np.asarray(values, dtype=np.float32).reshape(-1, int(tensor.shape[0]))
+    values = np.asarray(dequantize(np.asarray(tensor.data)[rows], tensor.tensor_type),
+                        dtype=np.float32)
+    if not values.flags.writeable:  # F32 comes back as the file's read-only mapping
+        values = values.copy()
+    return values.reshape(-1, int(tensor.shape[0]))
 
 
 def _tensor_hashes(tensor) -> np.ndarray:
@@ -278,8 +282,7 @@ class NativeSource:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.reader = GGUFReader(self.path)
-        self.tensors = [t for t in self.reader.tensors if len(t.shape) == 2]
+        self.tensors = [t for t in GGUFFile(self.path).tensors if len(t.shape) == 2]
         self._pools: dict[int, _Pool] = {}
         self._native: dict[tuple[str, str], QuantizedWeight | None] = {}
 
@@ -388,5 +391,5 @@ def native_source(folder: str | Path | None) -> NativeSource | None:
 def tensor_types(path: Path, names: Iterable[str] | None = None) -> dict[str, str]:
     """Each tensor's GGUF type name (all tensors, or those named)."""
     wanted = None if names is None else set(names)
-    return {t.name: t.tensor_type.name for t in GGUFReader(path).tensors
+    return {t.name: t.tensor_type.name for t in GGUFFile(path).tensors
             if wanted is None or t.name in wanted}

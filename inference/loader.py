@@ -96,12 +96,13 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     folder, name = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     if not tokenizer.chat_template:
-        from gguf import GGUFReader
+        from inference.gguf_file import GGUFFile
 
-        arch = GGUFReader(gguf).fields["general.architecture"].contents()
-        tokenizer.chat_template = gguf_models.chat_template(arch)
-    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        tokenizer.chat_template = gguf_models.chat_template(GGUFFile(gguf).architecture or "")
+    # One config for both: each reading of the file's metadata parses its vocabulary.
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config,
+                                                     dtype=torch.float32)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -193,10 +194,10 @@ def auto_weight_dtype(model: str = DEFAULT_MODEL, path: Path | None = None,
     source = (path and recorded_source(path)) or gguf_source(model, cache_dir)
     if source is None:
         return safetensors_weight_dtype(path or resolve_model_path(model, cache_dir))
-    from gguf import GGUFReader
+    from inference.gguf_file import GGUFFile
 
     types = Counter(
-        t.tensor_type.name for t in GGUFReader(source).tensors
+        t.tensor_type.name for t in GGUFFile(source).tensors
         if t.name.startswith("blk.") and len(t.shape) == 2
     )
     if not types:

@@ -10,10 +10,10 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from gguf import GGUFReader
 from safetensors import safe_open
 
 from inference import gguf_weights as gw
+from inference.gguf_file import GGUFFile
 from inference.loader import (
     MODEL_MODULES,
     ModelNotFoundError,
@@ -36,7 +36,7 @@ def folder():
 
 @pytest.fixture(scope="module")
 def gguf_tensors():
-    return {t.name: t for t in GGUFReader(GGUF).tensors}
+    return {t.name: t for t in GGUFFile(GGUF).tensors}
 
 
 def converted(folder, name: str) -> torch.Tensor:

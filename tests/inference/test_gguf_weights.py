@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as T
 
 from inference import gguf_weights as gw
 from inference import loader
+from inference.gguf_file import GGUFFile
 from inference.quantize import take_gguf_rows
 from kernels.quant_linear import dequantize, quantize
 
@@ -249,7 +250,7 @@ def test_the_shipped_smollm2_rows_are_the_same_bytes_either_way():
     """SmolLM2's Q4_1 layers and Q8_0 head: taken from the file or quantized again from
     their values, the same bytes under int4 and uint8 (and int8 for the head), so
     a converted folder that names its GGUF changes nothing for the default model."""
-    tensors = [t for t in gguf.GGUFReader(loader.smollm2_gguf_path()).tensors
+    tensors = [t for t in GGUFFile(loader.smollm2_gguf_path()).tensors
                if len(t.shape) == 2 and t.name.startswith(("blk.0.", "token_embd"))]
     assert {t.tensor_type for t in tensors} == {T.Q4_1, T.Q8_0}
     for t in tensors:
