@@ -97,6 +97,8 @@ def take_gguf_rows(model, layers: dict, weights: dict[str, QuantizedWeight]) -> 
     of rows replaced."""
     from inference.gguf_weights import native_source
 
+    if all(qw.kind == "bf16" for qw in weights.values()):
+        return 0
     config = getattr(model, "config", None)
     source = native_source(getattr(config, "name_or_path", None))
     if source is None:
