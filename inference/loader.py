@@ -94,13 +94,15 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
 
     print(f"Converting {gguf.name} to safetensors in {dest} (first start only)...", file=sys.stderr)
     folder, name = str(gguf.parent), gguf.name
+    from inference.gguf_file import GGUFFile
+
+    arch = GGUFFile(gguf).architecture or ""
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     if not tokenizer.chat_template:
-        from inference.gguf_file import GGUFFile
-
-        tokenizer.chat_template = gguf_models.chat_template(GGUFFile(gguf).architecture or "")
+        tokenizer.chat_template = gguf_models.chat_template(arch)
     # One config for both: each reading of the file's metadata parses its vocabulary.
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    config.eos_token_id = gguf_models.eos_token_ids(arch, config.eos_token_id, tokenizer)
     quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config,
                                                      dtype=torch.float32)
     if hasattr(config, "quantization_config"):

@@ -64,6 +64,7 @@ def test_the_conversion_is_a_gemma3_text_model_with_its_tokenizer(folder):
     assert config.sliding_window == 512 and config.head_dim == 256
     assert config.layer_types == (["sliding_attention"] * 5 + ["full_attention"]) * 3
     assert config.tie_word_embeddings and config.vocab_size == 262144
+    assert config.eos_token_id == [1, 106]  # <eos>, and <end_of_turn> ends a reply
     tok = load_tokenizer(NAME)
     assert tok.bos_token == "<bos>" and tok.chat_template
     text = tok.apply_chat_template([{"role": "system", "content": "Be brief."},

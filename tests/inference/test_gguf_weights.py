@@ -261,3 +261,15 @@ def test_the_shipped_smollm2_rows_are_the_same_bytes_either_way():
         for kind in kinds:
             native, again = gw.to_kind(rows, kind), quantize(values, kind)
             assert torch.equal(native.data, again.data) and torch.equal(native.scale, again.scale)
+
+
+def test_gemma_replies_end_at_end_of_turn_too():
+    from inference.gguf_models import eos_token_ids
+
+    vocab = {"<end_of_turn>": 106, "<unk>": 3}
+    tok = SimpleNamespace(unk_token_id=3, convert_tokens_to_ids=lambda t: vocab.get(t, 3))
+    assert eos_token_ids("gemma3", 1, tok) == [1, 106]
+    assert eos_token_ids("gemma3", [1, 106], tok) == [1, 106]
+    assert eos_token_ids("llama", 2, tok) == 2
+    vocab.pop("<end_of_turn>")
+    assert eos_token_ids("gemma3", 1, tok) == 1
