@@ -286,23 +286,25 @@ class NativeSource:
         self._pools: dict[int, _Pool] = {}
         self._native: dict[tuple[str, str], QuantizedWeight | None] = {}
 
-    def _pool(self, cols: int) -> _Pool:
-        if cols not in self._pools:
-            names, hashes, index = [], [], []
-            for t in self.tensors:
-                if int(t.shape[0]) != cols:
-                    continue
+    def _pool(self, cols: int, max_rows: int) -> _Pool:
+        """The hashed rows of every tensor of `cols` columns and at most max_rows rows
+        (a layer holds no row of a larger tensor: a 1536-row q/k/v needs no hashes of a
+        262k-row embedding). Grows as larger layers ask."""
+        pool = self._pools.setdefault(cols, _Pool([], np.zeros(0, np.uint64),
+                                                  np.zeros((0, 2), np.int64)))
+        new = [t for t in self.tensors if int(t.shape[0]) == cols
+               and int(np.prod(t.shape[1:])) <= max_rows and t not in pool.tensors]
+        if new:
+            hashes, index = [pool.hashes], [pool.index]
+            for t in new:
                 h = _tensor_hashes(t)
-                names.append(t)
+                pool.tensors.append(t)
                 hashes.append(h)
-                index.append(np.stack((np.full(len(h), len(names) - 1), np.arange(len(h))), 1))
-            if hashes:
-                all_h = np.concatenate(hashes)
-                order = np.argsort(all_h, kind="stable")
-                self._pools[cols] = _Pool(names, all_h[order], np.concatenate(index)[order])
-            else:
-                self._pools[cols] = _Pool([], np.zeros(0, np.uint64), np.zeros((0, 2), np.int64))
-        return self._pools[cols]
+                index.append(np.stack((np.full(len(h), len(pool.tensors) - 1), np.arange(len(h))), 1))
+            all_h, all_i = np.concatenate(hashes), np.concatenate(index)
+            order = np.argsort(all_h, kind="stable")
+            pool.hashes, pool.index = all_h[order], all_i[order]
+        return pool
 
     def native(self, tensor, kind: str) -> QuantizedWeight | None:
         key = (tensor.name, kind)
@@ -316,11 +318,15 @@ class NativeSource:
 
     def overlay(self, qw: QuantizedWeight, weight: torch.Tensor) -> int:
         """Replace, in place, each row of qw (the re-quantized `weight`) that the file
-        holds natively for qw's kind; the number of rows replaced."""
+        holds natively for qw's kind; the number of rows on the file's values: those
+        replaced, or all where re-quantizing already gave them back exactly."""
         if qw.kind not in ("int8", "int4", "uint8") or weight.dtype != torch.float32:
             return 0
+        if torch.equal(dequantize_ours(qw, torch.float32), weight.detach().cpu()):
+            # Already the file's values (Q4_1, Q8_0 as llama.cpp writes them).
+            return qw.out_features
         values = weight.detach().cpu().numpy()
-        pool = self._pool(values.shape[1])
+        pool = self._pool(values.shape[1], values.shape[0])
         if len(pool.hashes) == 0:
             return 0
         h = row_hashes(values)
@@ -342,7 +348,8 @@ class NativeSource:
                                        qw.in_features)
                 got = dequantize_ours(cand, torch.float32)
                 want = weight.detach()[ours.to(weight.device)].cpu()
-                if not bool(((got - want).abs() <= rounding_bound(cand)).all()):
+                if not (torch.equal(got, want)
+                        or bool(((got - want).abs() <= rounding_bound(cand)).all())):
                     log.warning("%s: rows that hash as %s's differ from it; re-quantized",
                                 self.path.name, tensor.name)
                     continue

@@ -94,7 +94,7 @@ def take_gguf_rows(model, layers: dict, weights: dict[str, QuantizedWeight]) -> 
     """Where the model was converted from a GGUF file, replace the re-quantized rows that
     the file holds on our grids with its own (inference/gguf_weights.py: re-quantizing
     dequantized Q4_0, Q5_0 or k-quant rows moves them by up to half a step); the number
-    of rows replaced."""
+    of rows that hold the file's blocks."""
     from inference.gguf_weights import native_source
 
     if all(qw.kind == "bf16" for qw in weights.values()):
@@ -107,7 +107,7 @@ def take_gguf_rows(model, layers: dict, weights: dict[str, QuantizedWeight]) -> 
     for name, layer in layers.items():
         total += weights[name].out_features
         taken += source.overlay(weights[name], layer.weight)
-    log.info("%d of %d weight rows taken from %s's own blocks", taken, total, source.path.name)
+    log.info("%d of %d weight rows hold %s's own blocks", taken, total, source.path.name)
     return taken
 
 

@@ -175,6 +175,11 @@ def test_overlay_finds_rows_of_fused_and_permuted_layers(small_gguf):
     # int4 cannot hold Q5_0: only the Q4_K rows are taken.
     qw4 = quantize(weight, "int4")
     assert source.overlay(qw4, weight) == ROWS
+    # Q4_1 comes back exactly from its values alone: all its rows count, none change.
+    q41 = torch.from_numpy(gw.dequantize_tensor(tensors["Q4_1"]))
+    qw = quantize(q41, "int4")
+    data = qw.data.clone()
+    assert source.overlay(qw, q41) == ROWS and torch.equal(qw.data, data)
 
 
 def test_rows_that_only_hash_alike_are_not_taken(small_gguf, monkeypatch):
