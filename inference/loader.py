@@ -90,12 +90,11 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     """De-quantise a GGUF once and save a plain safetensors folder with its tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from inference.gguf_file import GGUFFile
     from inference.gguf_weights import write_source_record
 
     print(f"Converting {gguf.name} to safetensors in {dest} (first start only)...", file=sys.stderr)
     folder, name = str(gguf.parent), gguf.name
-    from inference.gguf_file import GGUFFile
-
     arch = GGUFFile(gguf).architecture or ""
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     if not tokenizer.chat_template:
