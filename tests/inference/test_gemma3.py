@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from inference import EngineConfig, LLMEngine, SamplingParams, loader
+from inference import EngineConfig, LLMEngine, SamplingParams
 from inference.model_runner import kv_bytes_per_block
 from inference.models.gemma3 import Gemma3ForCausalLM
 from inference.models.llama import LlamaForCausalLM
@@ -28,16 +28,6 @@ ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}}
 # bf16 activations against transformers in fp32, as test_parity's bf16 check.
 BF16_TOL = 0.15
-
-
-@pytest.fixture(scope="module", autouse=True)
-def loader_takes_gemma3():
-    """The loader's list of architectures is the loader's (GGUF loading adds Gemma 3
-    there); these tests load a safetensors folder the engine already computes."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loader, "SUPPORTED_ARCHITECTURES",
-                   (*loader.SUPPORTED_ARCHITECTURES, "gemma3_text"))
-        yield
 
 
 def make_tiny_gemma3(dest, seed: int = 0, **extra):
