@@ -29,6 +29,7 @@
                                         step at batch 1 and 16, as a share of the step
     python -m bench toolloop            an agent's tool loop with re-serialised arguments:
                                         the cached share of each turn
+    python -m bench agreement           greedy tokens equal to llama.cpp's on the same GGUF
 
 Each subcommand takes --help.
 
@@ -62,6 +63,7 @@ SUBCOMMANDS = {
     "memory": "bench.memory",
     "grammar": "bench.grammar",
     "toolloop": "bench.toolloop",
+    "agreement": "bench.agreement",
 }
 
 

@@ -67,7 +67,7 @@ OPTIONS: dict[str, Option] = {
     "quick": Option(("--quick",), "smaller sizes, for a first look", action="store_true"),
     "model": Option(
         ("--model",),
-        "the default SmolLM2 or a local Hugging Face folder",
+        "the default SmolLM2, gemma3-270m, or a local Hugging Face folder or .gguf file",
         default=DEFAULT_MODEL,
         metavar="MODEL",
     ),
