@@ -80,6 +80,14 @@ def weight_dtype_under_test() -> str | None:
     return os.environ.get("PREFIXCHAT_TEST_WEIGHT_DTYPE") or None
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """Mark the tests whose engines take $PREFIXCHAT_TEST_WEIGHT_DTYPE, so a rerun with
+    other weights (.ci/run) selects just those (`-m weight_dtype`)."""
+    for item in items:
+        if "make_engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.weight_dtype)
+
+
 @pytest.fixture
 def make_engine(tiny_model, tmp_path_factory):
     """Build an fp32 engine on the tiny model; keyword arguments go to EngineConfig.
