@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import urllib.request
 from pathlib import Path
@@ -45,12 +46,7 @@ def llama_greedy(url: str, ids: list[int], n: int) -> list[int]:
 
 
 def leading_equal(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([a, b]))
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -1,4 +1,4 @@
-"""Users shared by the chat-service tests."""
+"""Users and the browser shared by the chat-service tests."""
 
 import pytest
 
@@ -11,3 +11,18 @@ def alice(django_user_model):
 @pytest.fixture
 def bob(django_user_model):
     return django_user_model.objects.create_user("bob", password="bob-pass-123")
+
+
+# Debian's Chromium, driven by Playwright (which never downloads a browser here).
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()

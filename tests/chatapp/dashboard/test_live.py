@@ -23,8 +23,6 @@ from ..e2e.conftest import (
     stop_live_server,
 )
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 WAIT_MS = 180_000  # bounds a hung test; two busy cores can be slow
 ADMIN, PASSWORD = "operator", "operator-pass-123"
 
@@ -81,15 +79,6 @@ def server(tmp_path_factory):
     yield live
     stop_live_server(proc)
 
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 def queries(page) -> int:

@@ -13,8 +13,6 @@ from .conftest import ARTIFACTS
 
 pytestmark = pytest.mark.model
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 WAIT_MS = 180_000  # bounds a hung test; replies on two busy cores can be slow
 PASSWORD = "browser-pass-123"
 USAGE = re.compile(r"prompt (\d+) · cached (\d+) · completion (\d+) · TTFT (\d+) ms")
@@ -31,15 +29,6 @@ def server(chat_server):
     chat_server.user = chat_server.seed("users", "1", "walker", PASSWORD)[0]
     return chat_server
 
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

@@ -16,8 +16,6 @@ from .conftest import ARTIFACTS
 
 pytestmark = pytest.mark.model  # the seeded reply is tokenised with the real tokenizer
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 WAIT_MS = 60_000
 PHONE = {"width": 390, "height": 844}
 LONG_TITLE = "A very long conversation title " * 6 + "that ends here"  # 200 characters
@@ -26,15 +24,6 @@ REPLY = (
     "```python\nprint('hello')  # " + "x" * 120 + "\nprint('again')\n```\n"
 )
 
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")

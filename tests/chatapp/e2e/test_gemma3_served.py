@@ -13,7 +13,7 @@ from inference.loader import gemma3_gguf_path
 from tests.chatapp.api.conftest import Accounts
 
 from .conftest import start_live_server, stop_live_server
-from .test_several_models import FINISHED, browser, delta, figures, open_page  # noqa: F401
+from .test_several_models import FINISHED, delta, figures, open_page
 
 pytestmark = [
     pytest.mark.model,
@@ -64,7 +64,7 @@ def test_gemma_answers_over_v1_and_reuses_a_shared_system_prompt(server, account
     assert second["prompt_tokens_details"]["cached_tokens"] >= second["prompt_tokens"] - 3 * 16
 
 
-def test_the_chat_page_picks_gemma_for_a_new_conversation(browser, server, account):  # noqa: F811
+def test_the_chat_page_picks_gemma_for_a_new_conversation(browser, server, account):
     page = open_page(browser, server, account)
     before = figures(server)
     page.select_option("#model-picker", "gemma")

@@ -22,8 +22,6 @@ from .conftest import ARTIFACTS, start_live_server, stop_live_server
 
 pytestmark = pytest.mark.model  # the tiny models borrow the real model's tokenizer
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 WAIT_MS = 120_000
 PHONE = {"width": 390, "height": 844}
 SYSTEM = ("You are a careful assistant. Answer in one short sentence, plainly, "
@@ -154,15 +152,6 @@ def test_a_conversation_keeps_the_model_it_was_created_with(server, client):
     assert turn.json()["reply"]["usage"]["cached_tokens"] > 0
     assert client.get(f"/api/conversations/{cid}/").json()["model"] == "beta"
 
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 def open_page(browser, server, account, **options):

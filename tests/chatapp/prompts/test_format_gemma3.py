@@ -15,6 +15,7 @@ import pytest
 from chatapp.prompts import lint, tools
 from chatapp.prompts.formats import format_for_tokenizer, formats_dir, get_format
 from chatapp.prompts.services import PromptBuilder
+from inference.gguf_models import GEMMA3_CHAT_TEMPLATE
 from tests.chatapp.prompts.conftest import common_prefix_len, is_strict_prefix, tokenizer_with
 
 BLOCK = 16
@@ -23,26 +24,8 @@ USERS = ["Hello!", "What is a prime number?", "  Give me two examples.\n", "Than
 REPLIES = ["Hi! How can I help?", "A number with exactly two divisors.", "2 and 3.", "Bye!"]
 GEMMA_TOKENS = ("<bos>", "<start_of_turn>", "<end_of_turn>")
 
-# Google's Gemma 3 chat template, for text content (its image parts left out): BOS, the
-# system text and a blank line at the start of the first user turn, roles that must
-# alternate, content trimmed, "model" for the assistant.
-GOOGLE = (
-    "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}"
-    "{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{%- endif -%}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
-    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
-)
+# Google's Gemma 3 chat template for text content, as the loader gives the GGUF file.
+GOOGLE = GEMMA3_CHAT_TEMPLATE
 
 
 def _refuse(message):
