@@ -10,10 +10,12 @@ rotary and head it shares):
 - the MLP's gate is gelu-tanh; embeddings are scaled by sqrt(hidden) in the
   activation dtype; the attention scale is query_pre_attn_scalar ** -0.5; the final
   logits may be soft-capped.
-Every layer keeps its whole KV in the pool; the window is a mask
-(kernels.attention.windowed_attention). In fp32 a decode step of a few sequences runs
-as one C call (kernels.decode_stack), the (1 + weight) norms handed to it as fp32
-vectors.
+The window is a mask (kernels.attention.windowed_attention). By default the engine
+keeps a sliding layer's KV only for its window (inference/kv_groups.py: the layers in
+KV groups, each with its own block table); with EngineConfig.sliding_window_kv off
+every layer keeps its whole KV in one table, and in fp32 a decode step of a few
+sequences runs as one C call (kernels.decode_stack), the (1 + weight) norms handed to
+it as fp32 vectors.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.kv_groups import GroupedMetadata
 from inference.models.llama import Linear, PagedCausalLM, RotaryEmbedding, apply_rotary
 from kernels import AttentionMetadata, paged_attention, store_kvcache
 from kernels.decode_stack import DecodeStack, StackLayer, runs_here
@@ -161,13 +164,22 @@ class Gemma3ForCausalLM(PagedCausalLM):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | GroupedMetadata,
     ) -> torch.Tensor:
-        """Hidden states [num_tokens, hidden]; kv_cache is [2, layers, blocks, bs, kv_heads, dim]."""
+        """Hidden states [num_tokens, hidden]; kv_cache is [2, layers, blocks, bs, kv_heads,
+        dim], or [2, group_size, pages, ...] with a GroupedMetadata."""
         x = self.embed_tokens(input_ids)
         # The scale rounded to the activation dtype first, as transformers does.
         x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         rope = {t: r.forward(positions, x.dtype) for t, r in self.rotaries.items()}
+        if isinstance(meta, GroupedMetadata):
+            # Window-aware KV (inference/kv_groups.py): each layer reads its group's
+            # tables and its slot of the group's pages.
+            for i, layer in enumerate(self.layers):
+                cos, sin = rope[layer.layer_type]
+                slot, group_meta = meta.layer(i)
+                x = layer.forward(x, cos, sin, kv_cache[0, slot], kv_cache[1, slot], group_meta)
+            return self.norm.forward(x)
         if self.decode_stack is not None:
             d = meta.decode_batch(kv_cache.shape[3])
             if d is not None and d.all_rows and self.decode_stack.runs(len(d.rows), kv_cache):
