@@ -62,12 +62,13 @@ class ModelRunner:
                  config.weight_dtype)
         self.kv_groups = kv_groups(model_windows(self.model), config.sliding_window_kv)
         if self.kv_groups.hybrid:
-            log.info("KV groups of %d layers: %d full, %d sliding (window %s); the fp32 C "
-                     "decode step reads one block table, so decode steps take the torch "
-                     "forward", self.kv_groups.group_size, len(self.kv_groups.full),
+            log.info("KV groups of %d layers: %d full, %d sliding (window %s)",
+                     self.kv_groups.group_size, len(self.kv_groups.full),
                      len(self.kv_groups.sliding),
                      self.kv_groups.windows[self.kv_groups.sliding[0]])
-        elif self.device.type == "cpu" and self.model.build_decode_stack():
+        if self.device.type == "cpu" and (
+                self.model.build_decode_stack(self.kv_groups) if self.kv_groups.hybrid
+                else self.model.build_decode_stack()):
             log.info("decode steps of up to %d sequences run as one C call",
                      self.model.decode_stack.max_rows)
         # Decode batches are the common shape: oneDNN lays weights out for them.

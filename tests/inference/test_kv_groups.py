@@ -15,6 +15,7 @@ from inference.kv_offload import KVTier
 from inference.sequence import Sequence
 from tests.inference.test_gemma3 import (
     WINDOW,
+    gemma3_hf,  # noqa: F401
     gemma_engine,
     loader_takes_gemma3,  # noqa: F401  (the module's autouse fixture)
     prompt,
@@ -198,3 +199,36 @@ def test_a_gemma3_engine_declines_the_host_tier_with_a_message(tiny_gemma3, tmp_
     whole_kv = gemma_engine(tiny_gemma3, tmp_path, kv_offload_bytes=1 << 20,
                             sliding_window_kv=False)
     assert whole_kv.kv_tier is not None
+
+
+def test_the_fp32_c_decode_step_reads_each_groups_tables(tiny_gemma3, gemma3_hf, tmp_path):  # noqa: F811
+    """Decode steps of several sequences past the window run as one C call over the KV
+    groups, and the greedy tokens are transformers'."""
+    from kernels.decode_stack import runs_here
+
+    if not runs_here(torch.float32):
+        pytest.skip("no fp32 C decode step on this CPU")
+    engine = gemma_engine(tiny_gemma3, tmp_path, num_blocks=64)
+    model = engine.runner.model
+    assert engine.runner.kv_groups.hybrid and model.decode_stack is not None
+    calls = []
+    step = model.decode_stack
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(step, name)
+
+        def __call__(self, *args):
+            calls.append(args[3].shape)  # slots: [groups, rows]
+            return step(*args)
+
+    model.decode_stack = Counting()
+    prompts = [prompt(40 + 11 * i, seed=30 + i) for i in range(3)]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    outs = [o[0].token_ids for o in engine.generate(prompts, params)]
+    assert calls and all(shape[0] == 4 for shape in calls)
+    assert any(shape[1] == 3 for shape in calls)
+    for ids, ours in zip(prompts, outs, strict=True):
+        with torch.no_grad():
+            g = gemma3_hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
+        assert g[0, len(ids):].tolist() == ours
