@@ -232,3 +232,16 @@ def test_the_fp32_c_decode_step_reads_each_groups_tables(tiny_gemma3, gemma3_hf,
         with torch.no_grad():
             g = gemma3_hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
         assert g[0, len(ids):].tolist() == ours
+
+
+def test_sibling_samples_share_the_prompt_under_either_layout(engines):
+    """n > 1: the later samples hit the first one's prompt (the sliding groups' window
+    pages included) and sample what they do over whole KV."""
+    params = SamplingParams(n=3, max_tokens=12, temperature=0.8, seed=5, ignore_eos=True)
+    got = []
+    for engine in engines:
+        [outs] = engine.generate([prompt(90, seed=3)], params)
+        assert [o.cached_tokens for o in outs] == [0, 80, 80]
+        got.append([o.token_ids for o in outs])
+        assert engine.metrics_snapshot()["blocks_used"] == 0
+    assert got[0] == got[1]
