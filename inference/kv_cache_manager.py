@@ -151,24 +151,27 @@ class KVCacheManager:
             for g, b in zip(groups.full, blocks, strict=True):
                 found[g].append(b)
             k += 1
-        # For each sliding group, how many cached blocks end at each index in a row.
-        runs: dict[int, list[int]] = {}
-        for g in groups.sliding:
-            run, length = [], 0
-            for i in range(k):
-                b = pool.lookup(self._key(g, hashes[i]))
-                found[g].append(b)
-                length = length + 1 if b is not None else 0
-                run.append(length)
-            runs[g] = run
-        while k > 0 and not all(
-            runs[g][k - 1] >= k - groups.first_needed_block(g, k * bs, bs) for g in runs
-        ):
-            k -= 1
+        # Shorten k until every sliding group holds the window before k * block_size: a
+        # page missing at index j fails every k' in (j, k] (their windows reach back to
+        # j too), so the next candidate is j.
+        while k > 0:
+            missing = -1
+            for g in groups.sliding:
+                for i in range(k - 1, groups.first_needed_block(g, k * bs, bs) - 1, -1):
+                    if pool.lookup(self._key(g, hashes[i])) is None:
+                        missing = max(missing, i)
+                        break
+            if missing < 0:
+                break
+            k = missing
         tables: list[list[Block | None]] = []
         for g in range(groups.num_groups):
             lo = groups.first_needed_block(g, k * bs, bs)
-            tables.append([None] * lo + found[g][lo:k])
+            if groups.windows[g] is None:
+                tables.append(found[g][:k])
+            else:
+                tables.append([None] * lo + [pool.lookup(self._key(g, hashes[i]))
+                                             for i in range(lo, k)])
         return GroupHits(tables[0], tables)
 
     def _blocks_for(self, num_tokens: int) -> int:
