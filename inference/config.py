@@ -66,6 +66,11 @@ class EngineConfig:
     # (then every restore reads the disk).
     kv_dir: str | None = None
     kv_dir_bytes: int = 4 * 1024**3
+    # A model with sliding-window layers (Gemma 3) keeps those layers' KV only for their
+    # window (inference/kv_groups.py): its pool holds pages of a group of layers, and
+    # num_blocks / kv_cache_memory_bytes buy the same bytes as for whole-KV blocks. False
+    # keeps every layer's whole KV (one block table, as a model without such layers).
+    sliding_window_kv: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype == "auto":

@@ -1,8 +1,18 @@
-"""Per-sequence block bookkeeping on top of the block pool: hits, growth, release."""
+"""Per-sequence block bookkeeping on top of the block pool: hits, growth, release.
+
+A hybrid model (inference/kv_groups.py) has several KV groups, each with its own
+block table per sequence and pages from the one pool. The pool names a group's page
+by (group, chained hash), the same hashes naming every group. A sliding group
+releases the pages that fell out of its window as the sequence advances (they keep
+their hash in the free queue), and a prefix hit of k blocks needs the full groups'
+blocks 0..k-1 and only the sliding groups' blocks under the window before position
+k * block_size: the longest k for which both hold.
+"""
 
 from __future__ import annotations
 
 from inference.block_pool import Block, BlockPool, hash_block
+from inference.kv_groups import RELEASED, KVGroups, whole
 from inference.kv_offload import KVTier
 from inference.miss_reason import PrefixHistory, disabled_record
 from inference.sequence import Sequence
@@ -16,8 +26,11 @@ class KVCacheManager:
         enable_caching: bool = True,
         hash_algorithm: str = "sha256",
         model_id: str = "",
+        groups: KVGroups | None = None,
     ):
         self.block_size = block_size
+        self.groups = groups or whole(1)
+        self.hybrid = self.groups.hybrid
         self.pool = BlockPool(num_blocks, enable_caching)
         self.enable_caching = enable_caching
         self.hash_algorithm = hash_algorithm
@@ -35,6 +48,9 @@ class KVCacheManager:
     # --- the tier under the pool ----------------------------------------------
     def attach_tier(self, tier: KVTier) -> None:
         """Put `tier` under the pool: evictions offload into it, lookups continue into it."""
+        if self.hybrid:
+            raise ValueError("the host/disk KV tier holds one block table's layout; a model "
+                             "with sliding-window KV groups cannot take it")
         self.tier = tier
         self.pool.on_evict = tier.offload
         history = self.history
@@ -101,10 +117,12 @@ class KVCacheManager:
     def find_cached_blocks(self, seq: Sequence) -> list[Block]:
         """Longest run of cached blocks from the start, leaving the last token to compute."""
         if not self.enable_caching:
-            return []
+            return GroupHits([], [[] for _ in self.groups.layers]) if self.hybrid else []
         self.update_block_hashes(seq)
         # The last token must be computed to produce logits, so cap the hit below it.
         max_blocks = (seq.num_tokens - 1) // self.block_size
+        if self.hybrid:
+            return self._find_group_hits(seq, max_blocks)
         hits: list[Block] = []
         for h in seq.block_hashes[:max_blocks]:
             b = self.pool.lookup(h)
@@ -115,10 +133,58 @@ class KVCacheManager:
             hits = self._continue_in_tier(seq, hits, max_blocks)
         return hits
 
+    def _key(self, group: int, block_hash: bytes) -> bytes:
+        """The pool's name for a group's page: group 0 keeps the chained hash itself
+        (a model with one group is keyed as it always was), group g appends g."""
+        return block_hash if group == 0 else block_hash + group.to_bytes(2, "big")
+
+    def _find_group_hits(self, seq: Sequence, max_blocks: int) -> GroupHits:
+        """The longest k <= max_blocks such that every full group holds blocks 0..k-1
+        and every sliding group the blocks a query at position k * block_size reads."""
+        pool, hashes, bs, groups = self.pool, seq.block_hashes, self.block_size, self.groups
+        found: list[list[Block | None]] = [[] for _ in groups.layers]
+        k = 0
+        while k < max_blocks:
+            blocks = [pool.lookup(self._key(g, hashes[k])) for g in groups.full]
+            if any(b is None for b in blocks):
+                break
+            for g, b in zip(groups.full, blocks, strict=True):
+                found[g].append(b)
+            k += 1
+        # Shorten k until every sliding group holds the window before k * block_size: a
+        # page missing at index j fails every k' in (j, k] (their windows reach back to
+        # j too), so the next candidate is j.
+        while k > 0:
+            missing = -1
+            for g in groups.sliding:
+                for i in range(k - 1, groups.first_needed_block(g, k * bs, bs) - 1, -1):
+                    if pool.lookup(self._key(g, hashes[i])) is None:
+                        missing = max(missing, i)
+                        break
+            if missing < 0:
+                break
+            k = missing
+        tables: list[list[Block | None]] = []
+        for g in range(groups.num_groups):
+            lo = groups.first_needed_block(g, k * bs, bs)
+            if groups.windows[g] is None:
+                tables.append(found[g][:k])
+            else:
+                tables.append([None] * lo + [pool.lookup(self._key(g, hashes[i]))
+                                             for i in range(lo, k)])
+        return GroupHits(tables[0], tables)
+
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def can_admit(self, hits: list[Block], num_new_tokens: int) -> bool:
+        if self.hybrid:
+            assert isinstance(hits, GroupHits)
+            touched = {b.block_id for t in hits.tables for b in t if b is not None}
+            free_hits = sum(1 for i in touched if self.pool.blocks[i].ref_cnt == 0)
+            k = len(hits)
+            per_group = self._blocks_for(k * self.block_size + num_new_tokens) - k
+            return per_group * self.groups.num_groups <= self.pool.num_free_blocks - free_hits
         # Hit blocks sitting in the free queue stop being free once touched.
         free_hits = sum(1 for b in hits if b.ref_cnt == 0)
         need = self._blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
@@ -127,10 +193,18 @@ class KVCacheManager:
     def admit(self, seq: Sequence, hits: list[Block], num_new_tokens: int) -> None:
         """Give a waiting sequence its hit blocks and fresh ones for its first chunk."""
         assert not seq.block_table
-        self.pool.touch(hits)
-        tier_blocks = sum(1 for b in hits if b.from_tier)
+        if self.hybrid:
+            assert isinstance(hits, GroupHits)
+            for t in hits.tables[1:]:
+                self.pool.touch(b for b in t if b is not None)
+            seq.group_tables = [[RELEASED if b is None else b.block_id for b in t]
+                                for t in hits.tables[1:]]
+            seq.group_released = [0] * (self.groups.num_groups - 1)
+        self.pool.touch(b for b in hits if b is not None)
+        tier_blocks = sum(1 for b in hits if b is not None and b.from_tier)
         for b in hits:
-            b.from_tier = False  # counted once, by the request that first uses it
+            if b is not None:
+                b.from_tier = False  # counted once, by the request that first uses it
         self.prefix_cache_hits_tier += tier_blocks * self.block_size
         if seq.num_cached_tokens is None:  # the receipt of its first admission
             if self.history is None:
@@ -139,7 +213,7 @@ class KVCacheManager:
                 seq.prefix_cache, seq.cross_tenant_miss = self.history.explain(
                     seq, len(hits), (seq.num_tokens - 1) // self.block_size, tier_blocks,
                     self.tier)
-        seq.block_table = [b.block_id for b in hits]
+        seq.block_table = [RELEASED if b is None else b.block_id for b in hits]
         seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_cached_blocks = len(hits)
         self.prefix_cache_queries += seq.num_tokens
@@ -147,13 +221,42 @@ class KVCacheManager:
         self.grow(seq, num_new_tokens)
 
     def can_grow(self, seq: Sequence, num_new_tokens: int) -> bool:
+        if self.hybrid:
+            self.release_out_of_window(seq)
+            need = self._new_blocks(seq, num_new_tokens) * self.groups.num_groups
+            return need <= self.pool.num_free_blocks
         return self._new_blocks(seq, num_new_tokens) <= self.pool.num_free_blocks
 
     def grow(self, seq: Sequence, num_new_tokens: int) -> None:
         """Make room for num_new_tokens more tokens after the computed ones."""
+        if self.hybrid:
+            self.release_out_of_window(seq)
         need = self._new_blocks(seq, num_new_tokens)
         if need > 0:
             seq.block_table.extend(b.block_id for b in self.pool.allocate(need))
+            for table in seq.group_tables:
+                table.extend(b.block_id for b in self.pool.allocate(need))
+
+    def release_out_of_window(self, seq: Sequence) -> None:
+        """Give back each sliding group's pages that no query from the next computed
+        token on reads. Their hashes stay: a later prompt may still hit them."""
+        groups, bs = self.groups, self.block_size
+        tables = self._tables(seq)
+        for g in groups.sliding:
+            lo = min(groups.first_needed_block(g, seq.num_computed_tokens, bs), len(tables[g]))
+            table = tables[g]
+            start = seq.group_released[g - 1] if g else 0
+            freed = []
+            for i in range(start, lo):
+                if table[i] != RELEASED:
+                    freed.append(self.pool.blocks[table[i]])
+                    table[i] = RELEASED
+            self.pool.free(freed)
+            if g:
+                seq.group_released[g - 1] = max(start, lo)
+
+    def _tables(self, seq: Sequence) -> list[list[int]]:
+        return [seq.block_table, *seq.group_tables]
 
     def _new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
         total = seq.num_computed_tokens + num_new_tokens
@@ -168,16 +271,35 @@ class KVCacheManager:
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_hashes), len(seq.block_table))
         # Blocks before num_cached_blocks were registered in an earlier step.
-        for i in range(seq.num_cached_blocks, full):
-            block = self.pool.blocks[seq.block_table[i]]
-            self.pool.cache_block(block, seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs])
+        for g, table in enumerate(self._tables(seq)):
+            for i in range(seq.num_cached_blocks, full):
+                if table[i] == RELEASED:
+                    continue
+                block = self.pool.blocks[table[i]]
+                self.pool.cache_block(block, self._key(g, seq.block_hashes[i]),
+                                      seq.token_ids[i * bs : (i + 1) * bs])
         if self.history is not None and full > seq.num_cached_blocks:
             self.history.record_computed(seq, seq.num_cached_blocks, full)
         seq.num_cached_blocks = max(seq.num_cached_blocks, full)
 
     def free(self, seq: Sequence) -> None:
-        """Release a sequence's blocks, tail first (see BlockPool.free)."""
-        self.pool.free(self.pool.blocks[i] for i in reversed(seq.block_table))
+        """Release a sequence's blocks, tail first (see BlockPool.free); a hybrid
+        model's groups block by block, so a chain's deeper pages go first in all."""
+        tables = self._tables(seq)
+        width = max(len(t) for t in tables)
+        self.pool.free(self.pool.blocks[t[i]] for i in reversed(range(width)) for t in tables
+                       if i < len(t) and t[i] != RELEASED)
         seq.block_table = []
+        seq.group_tables = []
+        seq.group_released = []
         seq.num_computed_tokens = 0
         seq.num_cached_blocks = 0
+
+
+class GroupHits(list):
+    """A hybrid model's prefix hit: as a list, group 0's blocks (k of them, None where
+    released); `tables` holds every group's, None where a sliding group needs no page."""
+
+    def __init__(self, first: list[Block | None], tables: list[list[Block | None]]):
+        super().__init__(first)
+        self.tables = tables

@@ -75,7 +75,8 @@ class LLMEngine:
             config.max_model_len,
             getattr(text_config(self.model_config), "max_position_embeddings",
                     config.max_model_len),
-            self.runner.num_blocks * config.block_size,
+            self.runner.kv_groups.max_tokens(self.runner.num_blocks, config.block_size,
+                                             config.max_num_batched_tokens),
         )
         self.kv = KVCacheManager(
             self.runner.num_blocks,
@@ -85,9 +86,18 @@ class LLMEngine:
             # Blocks are only reusable by the same weights in the same precision.
             model_id=f"{path.resolve()}:{config.dtype}"
             + ("" if config.weight_dtype == "bf16" else f":{config.weight_dtype}"),
+            groups=self.runner.kv_groups,
         )
         # The host/disk tier under the pool (None unless kv_offload_bytes or kv_dir).
-        self.kv_tier = build_tier(config, self.runner.kv_cache, self.kv.model_id)
+        self.kv_tier = None
+        if self.runner.kv_groups.hybrid:
+            if config.kv_offload_bytes > 0 or config.kv_dir:
+                log.warning("the host/disk KV tier (kv_offload_bytes, kv_dir) is off for %s: "
+                            "the tier holds blocks of every layer, and this model keeps its "
+                            "sliding-window layers' KV in groups (sliding_window_kv=False "
+                            "keeps every layer whole and takes the tier)", self.model_name)
+        else:
+            self.kv_tier = build_tier(config, self.runner.kv_cache, self.kv.model_id)
         if self.kv_tier is not None:
             self.kv.attach_tier(self.kv_tier)
         self.scheduler = Scheduler(config, self.kv)

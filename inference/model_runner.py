@@ -9,6 +9,7 @@ import torch
 
 from inference.config import EngineConfig
 from inference.cpu_allocator import keep_heap_pages
+from inference.kv_groups import GroupedMetadata, kv_groups, model_windows
 from inference.models.llama import RotaryEmbedding
 from inference.models.registry import build_model, text_config
 from inference.quantize import quantize_model, quantized_cache_file
@@ -19,16 +20,19 @@ from kernels.cpu_features import cpu_path
 log = logging.getLogger(__name__)
 
 
-def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype) -> int:
-    """K and V of every layer for one block of tokens; the head_dim is the config's
-    own where it has one (Qwen3, Gemma 3), which need not be hidden / heads."""
+def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype,
+                       layers: int | None = None) -> int:
+    """K and V of every layer (or of `layers` of them: a KV group's page) for one block
+    of tokens; the head_dim is the config's own where it has one (Qwen3, Gemma 3),
+    which need not be hidden / heads."""
     model_config = text_config(model_config)
     heads = model_config.num_key_value_heads
     head_dim = getattr(model_config, "head_dim", None) or (
         model_config.hidden_size // model_config.num_attention_heads
     )
     elem = torch.finfo(dtype).bits // 8
-    return 2 * model_config.num_hidden_layers * block_size * heads * head_dim * elem
+    layers = model_config.num_hidden_layers if layers is None else layers
+    return 2 * layers * block_size * heads * head_dim * elem
 
 
 class ModelRunner:
@@ -56,7 +60,15 @@ class ModelRunner:
         self.cpu_path = cpu_path() if self.device.type == "cpu" else self.device.type
         log.info("kernel path: %s (%s activations, %s weights)", self.cpu_path, config.dtype,
                  config.weight_dtype)
-        if self.device.type == "cpu" and self.model.build_decode_stack():
+        self.kv_groups = kv_groups(model_windows(self.model), config.sliding_window_kv)
+        if self.kv_groups.hybrid:
+            log.info("KV groups of %d layers: %d full, %d sliding (window %s)",
+                     self.kv_groups.group_size, len(self.kv_groups.full),
+                     len(self.kv_groups.sliding),
+                     self.kv_groups.windows[self.kv_groups.sliding[0]])
+        if self.device.type == "cpu" and (
+                self.model.build_decode_stack(self.kv_groups) if self.kv_groups.hybrid
+                else self.model.build_decode_stack()):
             log.info("decode steps of up to %d sequences run as one C call",
                      self.model.decode_stack.max_rows)
         # Decode batches are the common shape: oneDNN lays weights out for them.
@@ -77,11 +89,17 @@ class ModelRunner:
         for rotary in self.model.modules():
             if isinstance(rotary, RotaryEmbedding):
                 rotary.inv_freq = rotary.inv_freq.float()
-        per_block = kv_bytes_per_block(model_config, self.block_size, self.dtype)
-        self.num_blocks = config.num_blocks or max(1, config.kv_cache_memory_bytes // per_block)
+        groups = self.kv_groups
+        # A page holds one KV group's layers; with one group, every layer (a block).
+        per_block = kv_bytes_per_block(model_config, self.block_size, self.dtype,
+                                       groups.group_size)
+        if config.num_blocks:  # blocks of every layer: the same bytes in pages
+            self.num_blocks = config.num_blocks * groups.pages_per_whole_block()
+        else:
+            self.num_blocks = max(1, config.kv_cache_memory_bytes // per_block)
         self.kv_cache = torch.zeros(
             2,
-            text_config(model_config).num_hidden_layers,
+            groups.group_size,
             self.num_blocks,
             self.block_size,
             self.model.num_kv_heads,
@@ -89,8 +107,9 @@ class ModelRunner:
             dtype=self.dtype,
             device=self.device,
         )
-        log.info("KV pool: %d blocks of %d tokens (%.1f MiB)", self.num_blocks,
-                 self.block_size, self.num_blocks * per_block / 2**20)
+        log.info("KV pool: %d %s of %d tokens (%.1f MiB)", self.num_blocks,
+                 "pages" if groups.hybrid else "blocks", self.block_size,
+                 self.num_blocks * per_block / 2**20)
 
     def stored_kind(self, config: EngineConfig) -> str | None:
         """The weight dtype the linear layers are stored in apart from the compute dtype
@@ -104,6 +123,8 @@ class ModelRunner:
         return None
 
     def prepare(self, seqs: list[Sequence], num_tokens: list[int]):
+        if self.kv_groups.hybrid:
+            return self._prepare_groups(seqs, num_tokens)
         bs = self.block_size
         ids, pos, slots = [], [], []
         query_start_loc, seq_lens = [0], []
@@ -130,6 +151,46 @@ class ModelRunner:
             query_start_loc=query_start_loc,
             seq_lens=seq_lens,
         )
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        positions = torch.from_numpy(np.concatenate(pos)).to(dev)
+        return input_ids, positions, meta, sample_rows
+
+    def _prepare_groups(self, seqs: list[Sequence], num_tokens: list[int]):
+        """prepare() for a hybrid model: one AttentionMetadata per KV group, each with
+        that group's slots and tables. A released entry (out of a sliding window) reads
+        as page 0: the keys there lie outside every query's window, so the attention's
+        mask hides whatever that page holds."""
+        bs, dev, groups = self.block_size, self.device, self.kv_groups
+        ids, pos = [], []
+        query_start_loc, seq_lens = [0], []
+        sample_rows: list[int] = []
+        slots: list[list[np.ndarray]] = [[] for _ in groups.layers]
+        for seq, n in zip(seqs, num_tokens, strict=True):
+            start = seq.num_computed_tokens
+            ids.extend(seq.token_ids[start : start + n])
+            p = np.arange(start, start + n)
+            pos.append(p)
+            for g, table in enumerate([seq.block_table, *seq.group_tables]):
+                slots[g].append(np.asarray(table, dtype=np.int64)[p // bs] * bs + p % bs)
+            query_start_loc.append(query_start_loc[-1] + n)
+            seq_lens.append(start + n)
+            if start + n == seq.num_tokens:
+                sample_rows.append(query_start_loc[-1] - 1)
+        width = max(len(s.block_table) for s in seqs)
+        metas = []
+        for g in range(groups.num_groups):
+            tables = np.zeros((len(seqs), width), dtype=np.int64)
+            for i, s in enumerate(seqs):
+                table = s.block_table if g == 0 else s.group_tables[g - 1]
+                tables[i, : len(table)] = np.maximum(np.asarray(table, dtype=np.int64), 0)
+            metas.append(AttentionMetadata(
+                slot_mapping=torch.from_numpy(np.concatenate(slots[g])).to(dev),
+                block_tables=torch.from_numpy(tables).to(dev),
+                query_start_loc=query_start_loc,
+                seq_lens=seq_lens,
+            ))
+        places = [groups.place(i) for i in range(groups.num_layers)]
+        meta = GroupedMetadata(metas, [g for g, _ in places], [j for _, j in places])
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.from_numpy(np.concatenate(pos)).to(dev)
         return input_ids, positions, meta, sample_rows

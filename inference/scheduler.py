@@ -120,7 +120,9 @@ class Scheduler:
         """The uncached blocks of this step's sequences, which a waiting request
         sharing them shares or waits for (inference/inflight.py); None without
         prefix caching."""
-        if not self.kv.enable_caching:
+        if not self.kv.enable_caching or self.kv.hybrid:
+            # A hybrid model's blocks are per KV group; its requests compute a shared
+            # prefix each and meet in the cache afterwards.
             return None
         inflight = InflightBlocks(self.kv.pool, self.kv.block_size)
         for seq, n in zip(out.seqs, out.num_tokens, strict=True):

@@ -34,6 +34,11 @@ class Sequence:
         self.cache_salt = cache_salt
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        # A hybrid model's other KV groups (inference/kv_groups.py): their block tables,
+        # beside block_table (group 0), and for each how many leading entries a sliding
+        # group has checked for release. Empty for a model with one group.
+        self.group_tables: list[list[int]] = []
+        self.group_released: list[int] = []
         # Chained hashes of the full blocks of token_ids, computed as blocks fill.
         self.block_hashes: list[bytes] = []
         # How many leading blocks of block_table are registered in the prefix cache.

@@ -51,6 +51,8 @@ class _Layer(ctypes.Structure):
         ("mlp_out_norm", ctypes.c_void_p),
         ("window", ctypes.c_int64),
         ("rope", ctypes.c_int64),
+        ("kv_slot", ctypes.c_int64),
+        ("group", ctypes.c_int64),
     ]
 
 
@@ -68,6 +70,8 @@ class _Model(ctypes.Structure):
         ("layer", ctypes.POINTER(_Layer)),
         ("norm", ctypes.c_void_p),
         ("act", ctypes.c_int64),
+        ("kv_layers", ctypes.c_int64),
+        ("table_group_stride", ctypes.c_int64),
     ]
 
 
@@ -80,7 +84,9 @@ class StackLayer:
     q/k/v's bias if any, and Qwen3's per-head q and k norms if any (the fp32 step's).
     Gemma 3's parts (the fp32 step's): norms of the attention's and the MLP's outputs
     before each joins the residual stream (post_norm is then the pre-MLP norm), a
-    sliding window (0: none), and which cos/sin set of the step its RoPE takes."""
+    sliding window (0: none), and which cos/sin set of the step its RoPE takes. With KV
+    groups (inference/kv_groups.py, the fp32 step's): the slot of the cache's layer axis
+    its K/V take (None: its index) and the group whose slots and tables it reads."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -95,6 +101,8 @@ class StackLayer:
     mlp_out_norm: torch.Tensor | None = None
     window: int = 0
     rope: int = 0
+    kv_slot: int | None = None
+    group: int = 0
 
 
 # The C kinds: csrc/kernels.h for the bf16 step (plain bf16 is 2), csrc/f32/f32.h for
@@ -192,6 +200,12 @@ class DecodeStack:
                 raise ValueError(f"expected contiguous {dtype} output norms of the hidden size")
             if layer.window < 0 or layer.rope not in (0, 1):
                 raise ValueError("a window is a token count (0: none); rope is 0 or 1")
+        slots = [i if w.kv_slot is None else w.kv_slot for i, w in enumerate(layers)]
+        groups = 1 + max(w.group for w in layers)
+        if min(slots) < 0 or min(w.group for w in layers) < 0:
+            raise ValueError("a layer's KV slot and group are indices")
+        if (groups > 1 or slots != list(range(len(layers)))) and dtype != torch.float32:
+            raise ValueError("KV groups are the fp32 step's (the bf16 step reads one table)")
         if act not in ACTIVATIONS or act != "silu" and dtype != torch.float32:
             raise ValueError(f"no {act!r} activation in the {dtype} step")
         if not _vector(norm, hidden, dtype):
@@ -205,26 +219,29 @@ class DecodeStack:
                    None if w.k_norm is None else w.k_norm.data_ptr(),
                    None if w.attn_out_norm is None else w.attn_out_norm.data_ptr(),
                    None if w.mlp_out_norm is None else w.mlp_out_norm.data_ptr(),
-                   w.window, w.rope)
-            for w in layers
+                   w.window, w.rope, slot, w.group)
+            for w, slot in zip(layers, slots, strict=True)
         ))
         self._model = _Model(len(layers), hidden, heads, kv_heads, head_dim, inter, 0, eps,
                              head_dim**-0.5 if scale is None else scale, self._layers,
-                             norm.data_ptr(), ACTIVATIONS[act])
+                             norm.data_ptr(), ACTIVATIONS[act], max(slots) + 1, 0)
+        # The cache's layer axis (a KV group's layers, or every layer) and the groups.
+        self.kv_layers, self.groups = max(slots) + 1, groups
         self.hidden, self.head_dim, self.kv_heads, self.dtype = hidden, head_dim, kv_heads, dtype
         self.ropes = 1 + max(w.rope for w in layers)
         self.max_rows = MAX_ROWS if dtype == torch.bfloat16 else MAX_F32_ROWS
 
     def runs(self, rows: int, kv_cache: torch.Tensor) -> bool:
         """True where the step takes these: 1..max_rows rows and a contiguous CPU cache
-        [2, layers, blocks, block_size, kv_heads, head_dim] in the step's dtype."""
+        [2, layers, blocks, block_size, kv_heads, head_dim] in the step's dtype (layers:
+        a KV group's slots, with groups)."""
         return (
             0 < rows <= self.max_rows
             and kv_cache.dtype == self.dtype
             and kv_cache.is_cpu
             and kv_cache.is_contiguous()
             and kv_cache.dim() == 6
-            and kv_cache.shape[:2] == (2, self._model.layers)
+            and kv_cache.shape[:2] == (2, self.kv_layers)
             and kv_cache.shape[4:] == (self.kv_heads, self.head_dim)
         )
 
@@ -235,7 +252,8 @@ class DecodeStack:
         tokens' embeddings x [rows, hidden] (overwritten with the residual stream) at
         cos/sin [rows, head_dim] (sin sign-folded; all in the step's dtype; [2, rows,
         head_dim] for layers of two RoPEs), stored at slots [rows], over contexts of
-        lens [rows] tokens (the new one included) read through tables."""
+        lens [rows] tokens (the new one included) read through tables. With KV groups,
+        slots [groups, rows] and tables [groups, rows, width]: each group's own."""
         rows = x.shape[0]
         if not self.runs(rows, kv_cache):
             raise ValueError("the decode step does not take this batch or cache")
@@ -243,12 +261,14 @@ class DecodeStack:
         for t, shape in ((x, (rows, self.hidden)), (cos, rope), (sin, rope)):
             if t.dtype != self.dtype or tuple(t.shape) != shape or not t.is_contiguous():
                 raise ValueError(f"expected contiguous {self.dtype} {shape}, got {tuple(t.shape)}")
-        for t in (slots, lens):
-            if t.dtype != torch.int64 or tuple(t.shape) != (rows,) or not t.is_contiguous():
-                raise ValueError("expected one int64 slot and length per row")
+        per_group = (rows,) if self.groups == 1 else (self.groups, rows)
+        for t, shape in ((slots, per_group), (lens, (rows,))):
+            if t.dtype != torch.int64 or tuple(t.shape) != shape or not t.is_contiguous():
+                raise ValueError("expected one int64 slot (per KV group) and length per row")
         blocks, block_size = kv_cache.shape[2], kv_cache.shape[3]
-        if (tables.dtype != torch.int64 or tables.dim() != 2 or tables.shape[0] != rows
-                or tables.stride(-1) != 1 or tables.shape[1] * block_size < int(lens.max())):
+        if (tables.dtype != torch.int64 or tables.dim() != len(per_group) + 1
+                or tuple(tables.shape[:-1]) != per_group or tables.stride(-1) != 1
+                or tables.shape[-1] * block_size < int(lens.max())):
             raise ValueError("expected int64 block tables covering every context")
         if int(slots.max()) >= blocks * block_size or not 0 <= int(tables.min()) <= int(
                 tables.max()) < blocks:
@@ -256,12 +276,13 @@ class DecodeStack:
         if int(lens.min()) < 1:
             raise ValueError("every row attends to at least its own token")
         self._model.block_size = block_size
+        self._model.table_group_stride = tables.stride(0) if self.groups > 1 else 0
         out = torch.empty_like(x)
         lib = cpu_kernels.loaded() if self.dtype == torch.bfloat16 else f32_kernels.loaded()
         step = lib.decode_stack if self.dtype == torch.bfloat16 else lib.f32_decode_stack
         rc = step(
             ctypes.byref(self._model), x.data_ptr(), rows, cos.data_ptr(), sin.data_ptr(),
-            slots.data_ptr(), kv_cache.data_ptr(), blocks, tables.data_ptr(), tables.stride(0),
+            slots.data_ptr(), kv_cache.data_ptr(), blocks, tables.data_ptr(), tables.stride(-2),
             lens.data_ptr(), out.data_ptr(), torch.get_num_threads(),
         )
         if rc == 1:

@@ -10,10 +10,12 @@ rotary and head it shares):
 - the MLP's gate is gelu-tanh; embeddings are scaled by sqrt(hidden) in the
   activation dtype; the attention scale is query_pre_attn_scalar ** -0.5; the final
   logits may be soft-capped.
-Every layer keeps its whole KV in the pool; the window is a mask
-(kernels.attention.windowed_attention). In fp32 a decode step of a few sequences runs
-as one C call (kernels.decode_stack), the (1 + weight) norms handed to it as fp32
-vectors.
+The window is a mask (kernels.attention.windowed_attention). By default the engine
+keeps a sliding layer's KV only for its window (inference/kv_groups.py: the layers in
+KV groups, each with its own block table); with EngineConfig.sliding_window_kv off
+every layer keeps its whole KV in one table. In fp32 a decode step of a few sequences
+runs as one C call (kernels.decode_stack) either way, the (1 + weight) norms handed to
+it as fp32 vectors.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.kv_groups import GroupedMetadata, KVGroups
 from inference.models.llama import Linear, PagedCausalLM, RotaryEmbedding, apply_rotary
 from kernels import AttentionMetadata, paged_attention, store_kvcache
 from kernels.decode_stack import DecodeStack, StackLayer, runs_here
@@ -161,21 +164,37 @@ class Gemma3ForCausalLM(PagedCausalLM):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | GroupedMetadata,
     ) -> torch.Tensor:
-        """Hidden states [num_tokens, hidden]; kv_cache is [2, layers, blocks, bs, kv_heads, dim]."""
+        """Hidden states [num_tokens, hidden]; kv_cache is [2, layers, blocks, bs, kv_heads,
+        dim], or [2, group_size, pages, ...] with a GroupedMetadata."""
         x = self.embed_tokens(input_ids)
         # The scale rounded to the activation dtype first, as transformers does.
         x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         rope = {t: r.forward(positions, x.dtype) for t, r in self.rotaries.items()}
+        if isinstance(meta, GroupedMetadata):
+            # Window-aware KV (inference/kv_groups.py): each layer reads its group's
+            # tables and its slot of the group's pages.
+            if self.decode_stack is not None:
+                block_size = kv_cache.shape[3]
+                ds = [m.decode_batch(block_size) for m in meta.groups]
+                d = ds[0]
+                if d is not None and d.all_rows and self.decode_stack.runs(len(d.rows),
+                                                                           kv_cache):
+                    cos, sin = self._stack_rope(rope)
+                    # Every group's tables are cut to the same longest context.
+                    tables = torch.stack([g.tables for g in ds])
+                    slots = torch.stack([m.slot_mapping for m in meta.groups])
+                    return self.decode_stack(x, cos, sin, slots, kv_cache, tables, d.lens)
+            for i, layer in enumerate(self.layers):
+                cos, sin = rope[layer.layer_type]
+                slot, group_meta = meta.layer(i)
+                x = layer.forward(x, cos, sin, kv_cache[0, slot], kv_cache[1, slot], group_meta)
+            return self.norm.forward(x)
         if self.decode_stack is not None:
             d = meta.decode_batch(kv_cache.shape[3])
             if d is not None and d.all_rows and self.decode_stack.runs(len(d.rows), kv_cache):
-                # One cos/sin set per RoPE, in self.rotaries' order (StackLayer.rope).
-                cos = torch.stack([c.squeeze(1) for c, _ in rope.values()])
-                sin = torch.stack([s.squeeze(1) for _, s in rope.values()])
-                if len(rope) == 1:
-                    cos, sin = cos[0], sin[0]
+                cos, sin = self._stack_rope(rope)
                 return self.decode_stack(x, cos, sin, meta.slot_mapping, kv_cache, d.tables,
                                          d.lens)
         for i, layer in enumerate(self.layers):
@@ -183,10 +202,20 @@ class Gemma3ForCausalLM(PagedCausalLM):
             x = layer.forward(x, cos, sin, kv_cache[0, i], kv_cache[1, i], meta)
         return self.norm.forward(x)
 
-    def build_decode_stack(self) -> bool:
+    @staticmethod
+    def _stack_rope(rope: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """One cos/sin set per RoPE, in self.rotaries' order (StackLayer.rope)."""
+        cos = torch.stack([c.squeeze(1) for c, _ in rope.values()])
+        sin = torch.stack([s.squeeze(1) for _, s in rope.values()])
+        if len(rope) == 1:
+            cos, sin = cos[0], sin[0]
+        return cos, sin
+
+    def build_decode_stack(self, groups: KVGroups | None = None) -> bool:
         """Run decode steps of a few sequences as one C call (kernels.decode_stack) in
         an fp32 model whose matmuls the step reads (see LlamaForCausalLM's); False, and
-        the torch forward kept, elsewhere (the bf16 step has no Gemma 3 layer)."""
+        the torch forward kept, elsewhere (the bf16 step has no Gemma 3 layer). With
+        KV groups each layer reads its group's slots and tables."""
         self.decode_stack = None
         if self.norm.weight.dtype != torch.float32 or not runs_here(torch.float32):
             return False
@@ -202,7 +231,8 @@ class Gemma3ForCausalLM(PagedCausalLM):
 
         ropes = list(self.rotaries)
         layers = []
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            group, slot = (0, i) if groups is None else groups.place(i)
             attn, mlp = layer.self_attn, layer.mlp
             layers.append(StackLayer(
                 scale(layer.input_layernorm), scale(layer.pre_feedforward_layernorm),
@@ -213,6 +243,7 @@ class Gemma3ForCausalLM(PagedCausalLM):
                 attn_out_norm=scale(layer.post_attention_layernorm),
                 mlp_out_norm=scale(layer.post_feedforward_layernorm),
                 window=attn.window or 0, rope=ropes.index(layer.layer_type),
+                kv_slot=slot, group=group,
             ))
         attn = self.layers[0].self_attn
         if attn.o_proj.bias is not None:  # the step adds no bias after o_proj

@@ -26,6 +26,11 @@ typedef struct {
        layer's RoPE takes (0 or 1). */
     const void *attn_out_norm, *mlp_out_norm;
     int64_t window, rope;
+    /* Where the layer's K/V lie (the fp32 step; the bf16 step takes kv_slot = its index
+       and group 0): slot kv_slot of the cache's layer axis, its slots and block tables
+       those of KV group `group` (a model whose sliding layers keep only their window:
+       inference/kv_groups.py). */
+    int64_t kv_slot, group;
 } stack_layer;
 
 /* The MLP's activation on its gate. */
@@ -37,6 +42,9 @@ typedef struct {
     const stack_layer *layer;
     const void *norm; /* the final norm's weight */
     int64_t act;      /* STACK_SILU or STACK_GELU_TANH (the fp32 step only) */
+    /* The fp32 step: the cache's layer axis, and how far apart (in int64s) the KV
+       groups' block tables lie; group g's slots are slots + g * rows. */
+    int64_t kv_layers, table_group_stride;
 } stack_model;
 
 /* The widest padded input and the widest output of any layer's matmuls: the sizes

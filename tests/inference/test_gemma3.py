@@ -185,15 +185,19 @@ def hf_on_stored_weights(path, model):
     return hf
 
 
-@pytest.mark.parametrize("dtype,weight_dtype", [
-    ("float32", "bf16"), ("float32", "int8"), ("float32", "int4"),
-    ("bfloat16", "fp32"), ("bfloat16", "int8"), ("bfloat16", "int4"),
+@pytest.mark.parametrize("dtype,weight_dtype,sliding_window_kv", [
+    ("float32", "bf16", True), ("float32", "int8", True), ("float32", "int4", True),
+    ("bfloat16", "fp32", True), ("bfloat16", "int8", True), ("bfloat16", "int4", True),
+    ("float32", "bf16", False), ("float32", "int4", False), ("bfloat16", "int8", False),
 ])
 def test_every_weight_dtype_matches_transformers_on_the_same_weights(
-        dtype, weight_dtype, tiny_gemma3, gemma3_hf, tmp_path):
+        dtype, weight_dtype, sliding_window_kv, tiny_gemma3, gemma3_hf, tmp_path):
     """fp32 activations over stored weights equal transformers' on those weights
-    dequantized (within TOL); bf16 activations stay within BF16_TOL of it in fp32."""
-    engine = gemma_engine(tiny_gemma3, tmp_path, dtype=dtype, weight_dtype=weight_dtype)
+    dequantized (within TOL); bf16 activations stay within BF16_TOL of it in fp32.
+    With window-aware KV (KV groups) and with every layer's KV kept whole."""
+    engine = gemma_engine(tiny_gemma3, tmp_path, dtype=dtype, weight_dtype=weight_dtype,
+                          sliding_window_kv=sliding_window_kv)
+    assert engine.runner.kv_groups.hybrid == sliding_window_kv
     model = engine.runner.model
     stored = weight_dtype != "fp32"
     hf = hf_on_stored_weights(tiny_gemma3, model) if stored else gemma3_hf
@@ -204,7 +208,8 @@ def test_every_weight_dtype_matches_transformers_on_the_same_weights(
         engine.reset_prefix_cache()
         _, ours = our_logits(engine, ids, chunks)
         assert (ours - ref).abs().max().item() < tol, chunks
-    # Decode steps ran as one C call in fp32 (the bf16 step has no Gemma 3 layer).
+    # Decode steps ran as one C call in fp32, over KV groups or whole KV (the bf16 step
+    # has no Gemma 3 layer).
     assert (model.decode_stack is not None) == (dtype == "float32" and runs_here(torch.float32))
 
 
@@ -266,7 +271,8 @@ def test_a_multimodal_gemma3_checkpoint_runs_its_language_model():
             if p.dim() > 1:
                 p.normal_(0, 0.08)
     runner = ModelRunner(EngineConfig(dtype="float32", weight_dtype="fp32", num_blocks=8,
-                                      block_size=4), config, hf.state_dict())
+                                      block_size=4, sliding_window_kv=False),
+                         config, hf.state_dict())
     assert isinstance(runner.model, Gemma3ForCausalLM)
     assert runner.kv_cache.shape == (2, 3, 8, 4, 2, 32)
     ids = list(range(3, 30))  # past the window of 8

@@ -227,7 +227,8 @@ static void add_output(float *x, const float *y, const float *norm, float *tmp, 
 }
 
 /* The fp32 counterpart of decode_stack (csrc/decode_stack.c), same arguments; cos and
-   sin hold one [rows, head_dim] set per RoPE the layers take (stack_layer.rope). */
+   sin hold one [rows, head_dim] set per RoPE the layers take (stack_layer.rope); with
+   KV groups, slots and tables hold one set per group (stack_layer.group). */
 int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *cos,
                      const float *sin, const int64_t *slots, float *kv, int64_t num_blocks,
                      const int64_t *tables, int64_t table_stride, const int64_t *lens, float *out,
@@ -256,8 +257,10 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
         }
         for (int64_t l = 0; l < m->layers; l++) {
             const stack_layer *L = &m->layer[l];
-            float *k_cache = kv + l * layer_stride;
-            float *v_cache = kv + (m->layers + l) * layer_stride;
+            float *k_cache = kv + L->kv_slot * layer_stride;
+            float *v_cache = kv + (m->kv_layers + L->kv_slot) * layer_stride;
+            const int64_t *slot = slots + L->group * rows;
+            const int64_t *table = tables + L->group * m->table_group_stride;
 #pragma omp single
             for (int64_t r = 0; r < rows; r++)
                 rms_norm_row(x + r * hidden, L->input_norm, act + r * L->qkv.in_pad, hidden,
@@ -276,13 +279,13 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
                 const int64_t at = (L->rope * rows + r) * hd;
                 rotate(row, cos + at, sin + at, heads + kv_heads, hd);
                 memcpy(q + r * q_size, row, (size_t)q_size * sizeof(float));
-                if (slots[r] >= 0) {
-                    memcpy(k_cache + slots[r] * token, row + q_size, (size_t)kv_size * sizeof(float));
-                    memcpy(v_cache + slots[r] * token, row + q_size + kv_size,
+                if (slot[r] >= 0) {
+                    memcpy(k_cache + slot[r] * token, row + q_size, (size_t)kv_size * sizeof(float));
+                    memcpy(v_cache + slot[r] * token, row + q_size + kv_size,
                            (size_t)kv_size * sizeof(float));
                 }
             }
-            f32_attention_tasks(q, k_cache, v_cache, tables, table_stride, lens, attn, rows, heads,
+            f32_attention_tasks(q, k_cache, v_cache, table, table_stride, lens, attn, rows, heads,
                                 kv_heads, hd, m->block_size, m->scale, L->window, scores);
 #pragma omp single
             f32_pad_rows(act, attn, rows, q_size, L->o.in_pad);
