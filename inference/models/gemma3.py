@@ -27,7 +27,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.kv_groups import GroupedMetadata, KVGroups
-from inference.models.llama import Linear, PagedCausalLM, RotaryEmbedding, apply_rotary
+from inference.models.llama import (
+    MLP,
+    Linear,
+    PagedCausalLM,
+    RotaryEmbedding,
+    apply_rotary,
+    gelu_tanh,
+)
 from kernels import AttentionMetadata, paged_attention, store_kvcache
 from kernels.decode_stack import DecodeStack, StackLayer, runs_here
 
@@ -105,25 +112,13 @@ class GemmaAttention(nn.Module):
         return self.o_proj.forward(o.reshape(-1, self.q_size))
 
 
-class GemmaMLP(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.inter = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * self.inter, bias=False)
-        self.down_proj = Linear(self.inter, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj.forward(x).split(self.inter, dim=-1)
-        return self.down_proj.forward(F.gelu(gate, approximate="tanh").mul_(up))
-
-
 class GemmaDecoderLayer(nn.Module):
     def __init__(self, config, layer_type: str):
         super().__init__()
         self.layer_type = layer_type
         self.self_attn = GemmaAttention(config, config.sliding_window if layer_type == SLIDING
                                         else None)
-        self.mlp = GemmaMLP(config)
+        self.mlp = MLP(config, gelu_tanh)
         eps = config.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps)

@@ -183,16 +183,23 @@ class Attention(nn.Module):
         return self.o_proj.forward(o.reshape(-1, self.q_size))
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
 class MLP(nn.Module):
-    def __init__(self, config):
+    """Gated MLP: down(act(gate) * up); act is SiLU (Llama, Qwen) or gelu-tanh (Gemma)."""
+
+    def __init__(self, config, act=F.silu):
         super().__init__()
+        self.act = act
         self.inter = config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, 2 * self.inter, bias=False)
         self.down_proj = Linear(self.inter, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.forward(x).split(self.inter, dim=-1)
-        return self.down_proj.forward(F.silu(gate).mul_(up))
+        return self.down_proj.forward(self.act(gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):
