@@ -17,7 +17,6 @@ from tests.inference.test_gemma3 import (
     WINDOW,
     gemma3_hf,  # noqa: F401
     gemma_engine,
-    loader_takes_gemma3,  # noqa: F401  (the module's autouse fixture)
     prompt,
     tiny_gemma3,  # noqa: F401
 )
