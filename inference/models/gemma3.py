@@ -29,13 +29,14 @@ from torch import nn
 from inference.kv_groups import GroupedMetadata, KVGroups
 from inference.models.llama import (
     MLP,
+    Attention,
     Linear,
     PagedCausalLM,
     RotaryEmbedding,
-    apply_rotary,
+    copy_attention_and_mlp,
     gelu_tanh,
 )
-from kernels import AttentionMetadata, paged_attention, store_kvcache
+from kernels import AttentionMetadata
 from kernels.decode_stack import DecodeStack, StackLayer, runs_here
 
 SLIDING = "sliding_attention"
@@ -82,34 +83,11 @@ def check_supported(config) -> None:
         raise ValueError(f"Gemma 3 with hidden_activation {act!r} is not supported")
 
 
-class GemmaAttention(nn.Module):
+class GemmaAttention(Attention):
     def __init__(self, config, window: int | None):
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
         bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias)
-        self.scale = config.query_pre_attn_scalar**-0.5
-        self.window = window  # None on a full-attention layer
-        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
-
-    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        qkv = self.qkv_proj.forward(x)
-        q = qkv[:, : self.q_size].view(-1, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, self.num_kv_heads,
-                                                                 self.head_dim)
-        # q and k heads side by side: one rotary pass for both.
-        qk = torch.cat([self.q_norm.forward(q), self.k_norm.forward(k)], dim=1)
-        q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
-        store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping, meta.all_slots_valid)
-        o = paged_attention(q, k_cache, v_cache, meta, self.scale, self.window)
-        return self.o_proj.forward(o.reshape(-1, self.q_size))
+        super().__init__(config, bias, o_bias=bias, scale=config.query_pre_attn_scalar**-0.5,
+                         window=window, qk_norm=GemmaRMSNorm)
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -277,20 +255,7 @@ class Gemma3ForCausalLM(PagedCausalLM):
             self.lm_head.weight.copy_(take("lm_head.weight"))
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
-            attn = layer.self_attn
-            attn.qkv_proj.weight.copy_(torch.cat([take(p + f"self_attn.{x}_proj.weight")
-                                                  for x in "qkv"]))
-            attn.o_proj.weight.copy_(take(p + "self_attn.o_proj.weight"))
-            if attn.qkv_proj.bias is not None:
-                attn.qkv_proj.bias.copy_(torch.cat([take(p + f"self_attn.{x}_proj.bias")
-                                                    for x in "qkv"]))
-                attn.o_proj.bias.copy_(take(p + "self_attn.o_proj.bias"))
-            attn.q_norm.weight.copy_(take(p + "self_attn.q_norm.weight"))
-            attn.k_norm.weight.copy_(take(p + "self_attn.k_norm.weight"))
-            layer.mlp.gate_up_proj.weight.copy_(torch.cat([
-                take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
-            ]))
-            layer.mlp.down_proj.weight.copy_(take(p + "mlp.down_proj.weight"))
+            copy_attention_and_mlp(layer, take, p)
             for norm in ("input_layernorm", "post_attention_layernorm",
                          "pre_feedforward_layernorm", "post_feedforward_layernorm"):
                 getattr(layer, norm).weight.copy_(take(p + norm + ".weight"))

@@ -152,7 +152,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -
 
 
 class Attention(nn.Module):
-    def __init__(self, config, bias: bool):
+    """Paged attention of one layer. A family sets what differs: biases, the scale, a
+    sliding window, and the norm over each head of q and of k before RoPE (Qwen3's
+    RMSNorm; Gemma's (1 + w) one)."""
+
+    def __init__(self, config, bias: bool, *, o_bias: bool = False, scale: float | None = None,
+                 window: int | None = None, qk_norm: type[nn.Module] | None = None):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -160,13 +165,15 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
-        self.scale = self.head_dim**-0.5
-        # Qwen3: an RMSNorm over each head of q and of k, before RoPE.
-        self.qk_norm = config.model_type == "qwen3"
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.scale = scale if scale is not None else self.head_dim**-0.5
+        self.window = window  # None: every earlier key
+        if qk_norm is None and config.model_type == "qwen3":
+            qk_norm = RMSNorm
+        self.qk_norm = qk_norm is not None
         if self.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.q_norm = qk_norm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = qk_norm(self.head_dim, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj.forward(x)
@@ -179,7 +186,7 @@ class Attention(nn.Module):
         q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping, meta.all_slots_valid)
-        o = paged_attention(q, k_cache, v_cache, meta, self.scale)
+        o = paged_attention(q, k_cache, v_cache, meta, self.scale, self.window)
         return self.o_proj.forward(o.reshape(-1, self.q_size))
 
 
@@ -382,25 +389,27 @@ class LlamaForCausalLM(PagedCausalLM):
             self.lm_head.weight.copy_(take("lm_head.weight"))
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
-            attn = layer.self_attn
-            attn.qkv_proj.weight.copy_(torch.cat([
-                take(p + "self_attn.q_proj.weight"),
-                take(p + "self_attn.k_proj.weight"),
-                take(p + "self_attn.v_proj.weight"),
-            ]))
-            if attn.qkv_proj.bias is not None:
-                attn.qkv_proj.bias.copy_(torch.cat([
-                    take(p + "self_attn.q_proj.bias"),
-                    take(p + "self_attn.k_proj.bias"),
-                    take(p + "self_attn.v_proj.bias"),
-                ]))
-            attn.o_proj.weight.copy_(take(p + "self_attn.o_proj.weight"))
-            layer.mlp.gate_up_proj.weight.copy_(torch.cat([
-                take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
-            ]))
-            layer.mlp.down_proj.weight.copy_(take(p + "mlp.down_proj.weight"))
-            if attn.qk_norm:
-                attn.q_norm.weight.copy_(take(p + "self_attn.q_norm.weight"))
-                attn.k_norm.weight.copy_(take(p + "self_attn.k_norm.weight"))
+            copy_attention_and_mlp(layer, take, p)
             layer.input_layernorm.weight.copy_(take(p + "input_layernorm.weight"))
             layer.post_attention_layernorm.weight.copy_(take(p + "post_attention_layernorm.weight"))
+
+
+@torch.no_grad()
+def copy_attention_and_mlp(layer: nn.Module, take, prefix: str) -> None:
+    """Copy one decoder layer's attention and MLP weights from transformers' names
+    (take(name) -> tensor), fusing q/k/v and gate/up."""
+    attn = layer.self_attn
+    attn.qkv_proj.weight.copy_(torch.cat([take(f"{prefix}self_attn.{x}_proj.weight")
+                                          for x in "qkv"]))
+    if attn.qkv_proj.bias is not None:
+        attn.qkv_proj.bias.copy_(torch.cat([take(f"{prefix}self_attn.{x}_proj.bias")
+                                            for x in "qkv"]))
+    attn.o_proj.weight.copy_(take(prefix + "self_attn.o_proj.weight"))
+    if attn.o_proj.bias is not None:
+        attn.o_proj.bias.copy_(take(prefix + "self_attn.o_proj.bias"))
+    if attn.qk_norm:
+        attn.q_norm.weight.copy_(take(prefix + "self_attn.q_norm.weight"))
+        attn.k_norm.weight.copy_(take(prefix + "self_attn.k_norm.weight"))
+    layer.mlp.gate_up_proj.weight.copy_(torch.cat([take(prefix + "mlp.gate_proj.weight"),
+                                                   take(prefix + "mlp.up_proj.weight")]))
+    layer.mlp.down_proj.weight.copy_(take(prefix + "mlp.down_proj.weight"))
