@@ -33,7 +33,6 @@ from inference.models.llama import (
     Linear,
     PagedCausalLM,
     RotaryEmbedding,
-    copy_attention_and_mlp,
     gelu_tanh,
 )
 from kernels import AttentionMetadata
@@ -238,27 +237,12 @@ class Gemma3ForCausalLM(PagedCausalLM):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    @torch.no_grad()
-    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy transformers' weights in (Gemma3ForCausalLM's names, or a Gemma3
-        checkpoint's language model), fusing q/k/v and gate/up."""
-        state = text_weights(state)
+    layer_norms = ("input_layernorm", "post_attention_layernorm",
+                   "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
-        def take(name: str) -> torch.Tensor:
-            if name not in state:
-                raise KeyError(f"weight {name} missing from the checkpoint")
-            return state[name]
-
-        self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
-        self.norm.weight.copy_(take("model.norm.weight"))
-        if not self.tie_word_embeddings:
-            self.lm_head.weight.copy_(take("lm_head.weight"))
-        for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}."
-            copy_attention_and_mlp(layer, take, p)
-            for norm in ("input_layernorm", "post_attention_layernorm",
-                         "pre_feedforward_layernorm", "post_feedforward_layernorm"):
-                getattr(layer, norm).weight.copy_(take(p + norm + ".weight"))
+    def text_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Gemma3ForCausalLM's names, or a Gemma3 checkpoint's language model renamed."""
+        return text_weights(state)
 
 
 # A Gemma3ForConditionalGeneration checkpoint names its text weights under the

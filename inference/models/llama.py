@@ -226,8 +226,37 @@ class DecoderLayer(nn.Module):
 class PagedCausalLM(nn.Module):
     """What every model family here shares: its matmul layers (Linear), packing and
     quantization hooks, the tied-head embedding and the output head. A family gives
-    embed_tokens, layers (each with self_attn), lm_head, tie_word_embeddings, forward,
-    build_decode_stack and load_hf_state_dict."""
+    embed_tokens, layers (each with self_attn and mlp), norm, lm_head,
+    tie_word_embeddings, forward and build_decode_stack; loading transformers' weights is
+    shared (layer_norms and text_state say what differs)."""
+
+    # A decoder layer's norms, by transformers' names.
+    layer_norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+
+    def text_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The checkpoint's weights under a text decoder's names (a multimodal family
+        renames its language model's)."""
+        return state
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy transformers' weights in, fusing q/k/v and gate/up."""
+        state = self.text_state(state)
+
+        def take(name: str) -> torch.Tensor:
+            if name not in state:
+                raise KeyError(f"weight {name} missing from the checkpoint")
+            return state[name]
+
+        self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
+        self.norm.weight.copy_(take("model.norm.weight"))
+        if not self.tie_word_embeddings:
+            self.lm_head.weight.copy_(take("lm_head.weight"))
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            copy_attention_and_mlp(layer, take, p)
+            for norm in self.layer_norms:
+                getattr(layer, norm).weight.copy_(take(p + norm + ".weight"))
 
     # The whole decode step in C where the weights allow (see build_decode_stack).
     decode_stack: DecodeStack | None = None
@@ -374,24 +403,6 @@ class LlamaForCausalLM(PagedCausalLM):
         for m in linears:
             m.keeps_plain = not quantized
         return True
-
-    @torch.no_grad()
-    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy transformers' weights in, fusing q/k/v and gate/up."""
-        def take(name: str) -> torch.Tensor:
-            if name not in state:
-                raise KeyError(f"weight {name} missing from the checkpoint")
-            return state[name]
-
-        self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
-        self.norm.weight.copy_(take("model.norm.weight"))
-        if not self.tie_word_embeddings:
-            self.lm_head.weight.copy_(take("lm_head.weight"))
-        for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}."
-            copy_attention_and_mlp(layer, take, p)
-            layer.input_layernorm.weight.copy_(take(p + "input_layernorm.weight"))
-            layer.post_attention_layernorm.weight.copy_(take(p + "post_attention_layernorm.weight"))
 
 
 @torch.no_grad()
