@@ -30,7 +30,6 @@ from inference.kv_groups import GroupedMetadata, KVGroups
 from inference.models.llama import (
     MLP,
     Attention,
-    Linear,
     PagedCausalLM,
     RotaryEmbedding,
     gelu_tanh,
@@ -126,10 +125,7 @@ class Gemma3ForCausalLM(PagedCausalLM):
         self.rotaries = nn.ModuleDict({t: RotaryEmbedding(config, layer_type=t)
                                        for t in sorted(set(types))})
         self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        self.make_head(config, tied_by_default=True)
 
     def forward(
         self,

@@ -230,6 +230,15 @@ class PagedCausalLM(nn.Module):
     tie_word_embeddings, forward and build_decode_stack; loading transformers' weights is
     shared (layer_norms and text_state say what differs)."""
 
+    def make_head(self, config, tied_by_default: bool) -> None:
+        """The output head, tied to embed_tokens where the config says (one Parameter
+        for both: packing gives the head its own packed copy and leaves the embedding
+        table plain for lookups)."""
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", tied_by_default))
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
     # A decoder layer's norms, by transformers' names.
     layer_norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
 
@@ -338,12 +347,7 @@ class LlamaForCausalLM(PagedCausalLM):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        if self.tie_word_embeddings:
-            # One Parameter for both. Packing gives the head its own packed copy and
-            # leaves the embedding table plain for lookups.
-            self.lm_head.weight = self.embed_tokens.weight
+        self.make_head(config, tied_by_default=False)
 
     def forward(
         self,
