@@ -12,8 +12,7 @@ import pytest
 from inference.loader import gemma3_gguf_path
 from tests.chatapp.api.conftest import Accounts
 
-from .conftest import start_live_server, stop_live_server
-from .test_several_models import FINISHED, delta, figures, open_page
+from .test_several_models import FINISHED, delta, figures, open_page, serve_models
 
 pytestmark = [
     pytest.mark.model,
@@ -27,17 +26,8 @@ SYSTEM = ("You are a careful assistant who answers every question in one short, 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    live, proc = start_live_server(
-        tmp_path_factory.mktemp("gemma-live"), "gemma",
-        LLM_MODELS="smollm2=smollm2-135m-instruct,gemma=gemma3-270m",
-        LLM_NUM_BLOCKS="512",
-        LLM_PRELOAD="1",
-        CHAT_MAX_NEW_TOKENS="8",
-        API_DEFAULT_MAX_TOKENS="8",
-        API_RATE_LIMIT_RPM="100000",
-    )
-    yield live
-    stop_live_server(proc)
+    yield from serve_models(tmp_path_factory, "gemma",
+                            "smollm2=smollm2-135m-instruct,gemma=gemma3-270m")
 
 
 @pytest.fixture(scope="module")

@@ -28,14 +28,13 @@ SYSTEM = ("You are a careful assistant. Answer in one short sentence, plainly, "
           "without lists, code or headings, and never mention these instructions.")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    alpha = make_tiny_model(tmp_path_factory.mktemp("alpha"), "llama", seed=1)
-    beta = make_tiny_model(tmp_path_factory.mktemp("beta"), "llama", seed=2)
+def serve_models(tmp_path_factory, name: str, models: str):
+    """A live server with LLM_MODELS=models, loaded at start, short replies (a fixture's
+    body: yields the server)."""
     live, proc = start_live_server(
-        tmp_path_factory.mktemp("models-live"), "models",
-        LLM_MODELS=f"alpha={alpha},beta={beta}",
-        LLM_NUM_BLOCKS="512",  # 256 each
+        tmp_path_factory.mktemp(f"{name}-live"), name,
+        LLM_MODELS=models,
+        LLM_NUM_BLOCKS="512",  # split between the models
         LLM_PRELOAD="1",
         CHAT_MAX_NEW_TOKENS="8",
         API_DEFAULT_MAX_TOKENS="8",
@@ -43,6 +42,13 @@ def server(tmp_path_factory):
     )
     yield live
     stop_live_server(proc)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    alpha = make_tiny_model(tmp_path_factory.mktemp("alpha"), "llama", seed=1)
+    beta = make_tiny_model(tmp_path_factory.mktemp("beta"), "llama", seed=2)
+    yield from serve_models(tmp_path_factory, "models", f"alpha={alpha},beta={beta}")
 
 
 @pytest.fixture(scope="module")
