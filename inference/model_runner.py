@@ -61,6 +61,9 @@ class ModelRunner:
         log.info("kernel path: %s (%s activations, %s weights)", self.cpu_path, config.dtype,
                  config.weight_dtype)
         self.kv_groups = kv_groups(model_windows(self.model), config.sliding_window_kv)
+        # Each layer's (group, slot in its group's pages), for GroupedMetadata.
+        places = [self.kv_groups.place(i) for i in range(self.kv_groups.num_layers)]
+        self._layer_places = ([g for g, _ in places], [j for _, j in places])
         if self.kv_groups.hybrid:
             log.info("KV groups of %d layers: %d full, %d sliding (window %s)",
                      self.kv_groups.group_size, len(self.kv_groups.full),
@@ -123,48 +126,17 @@ class ModelRunner:
         return None
 
     def prepare(self, seqs: list[Sequence], num_tokens: list[int]):
-        if self.kv_groups.hybrid:
-            return self._prepare_groups(seqs, num_tokens)
-        bs = self.block_size
-        ids, pos, slots = [], [], []
-        query_start_loc, seq_lens = [0], []
-        sample_rows: list[int] = []
-        for seq, n in zip(seqs, num_tokens, strict=True):
-            start = seq.num_computed_tokens
-            ids.extend(seq.token_ids[start : start + n])
-            p = np.arange(start, start + n)
-            table = np.asarray(seq.block_table, dtype=np.int64)
-            pos.append(p)
-            slots.append(table[p // bs] * bs + p % bs)
-            query_start_loc.append(query_start_loc[-1] + n)
-            seq_lens.append(start + n)
-            if start + n == seq.num_tokens:
-                sample_rows.append(query_start_loc[-1] - 1)
-        width = max(len(s.block_table) for s in seqs)
-        tables = np.zeros((len(seqs), width), dtype=np.int64)
-        for i, s in enumerate(seqs):
-            tables[i, : len(s.block_table)] = s.block_table
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(dev),
-            block_tables=torch.from_numpy(tables).to(dev),
-            query_start_loc=query_start_loc,
-            seq_lens=seq_lens,
-        )
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        positions = torch.from_numpy(np.concatenate(pos)).to(dev)
-        return input_ids, positions, meta, sample_rows
-
-    def _prepare_groups(self, seqs: list[Sequence], num_tokens: list[int]):
-        """prepare() for a hybrid model: one AttentionMetadata per KV group, each with
-        that group's slots and tables. A released entry (out of a sliding window) reads
-        as page 0: the keys there lie outside every query's window, so the attention's
-        mask hides whatever that page holds."""
-        bs, dev, groups = self.block_size, self.device, self.kv_groups
+        """Token ids, positions, attention metadata and the rows to sample for one step.
+        A hybrid model gets one AttentionMetadata per KV group (GroupedMetadata), each
+        with that group's slots and tables. A released entry (out of a sliding window)
+        reads as page 0: the keys there lie outside every query's window, so the
+        attention's mask hides whatever that page holds."""
+        bs, dev = self.block_size, self.device
+        num_groups = self.kv_groups.num_groups
         ids, pos = [], []
         query_start_loc, seq_lens = [0], []
         sample_rows: list[int] = []
-        slots: list[list[np.ndarray]] = [[] for _ in groups.layers]
+        slots: list[list[np.ndarray]] = [[] for _ in range(num_groups)]
         for seq, n in zip(seqs, num_tokens, strict=True):
             start = seq.num_computed_tokens
             ids.extend(seq.token_ids[start : start + n])
@@ -178,19 +150,21 @@ class ModelRunner:
                 sample_rows.append(query_start_loc[-1] - 1)
         width = max(len(s.block_table) for s in seqs)
         metas = []
-        for g in range(groups.num_groups):
+        for g in range(num_groups):
             tables = np.zeros((len(seqs), width), dtype=np.int64)
             for i, s in enumerate(seqs):
                 table = s.block_table if g == 0 else s.group_tables[g - 1]
-                tables[i, : len(table)] = np.maximum(np.asarray(table, dtype=np.int64), 0)
+                tables[i, : len(table)] = table
+            if num_groups > 1:
+                np.maximum(tables, 0, out=tables)  # RELEASED entries read page 0
             metas.append(AttentionMetadata(
                 slot_mapping=torch.from_numpy(np.concatenate(slots[g])).to(dev),
                 block_tables=torch.from_numpy(tables).to(dev),
                 query_start_loc=query_start_loc,
                 seq_lens=seq_lens,
             ))
-        places = [groups.place(i) for i in range(groups.num_layers)]
-        meta = GroupedMetadata(metas, [g for g, _ in places], [j for _, j in places])
+        meta = (GroupedMetadata(metas, *self._layer_places) if self.kv_groups.hybrid
+                else metas[0])
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.from_numpy(np.concatenate(pos)).to(dev)
         return input_ids, positions, meta, sample_rows
