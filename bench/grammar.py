@@ -10,7 +10,7 @@ replies cannot reach first, so no sequence leaves the batch early). Per decode s
 steps after every prompt's prefill) it times the whole engine step and, inside it, the
 grammar's own work: filling the constrained rows' bitmasks, applying them to the logits
 and advancing each matcher by its token. Reported: the grammar's share of the constrained
-step (issue 27 asks <= 10 %), and the constrained step against the free one (medians over
+step, and the constrained step against the free one (medians over
 rounds; the two runs take turns, so host noise lands on both).
 """
 

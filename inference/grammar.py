@@ -17,13 +17,13 @@ docs/benchmarks.md, "Structured outputs and tools"):
 - A schema it cannot honour is refused, never loosened: llguidance rejects keywords it does
   not implement (`not`), unsatisfiable schemas (a required key that additionalProperties
   forbids) and remote `$ref`s; xgrammar 0.2.9 compiled all three and would have generated
-  text the schema does not allow (the fail-open issue 27 asks us to avoid).
+  text the schema does not allow (failing open).
 - The per-step cost has a hard bound: llguidance's parser limits (fuel per mask) end a
   pathological grammar's request with an error instead of stalling every request's step.
 - Cost: xgrammar's masks are faster, but both are far below a decode step, and so is
   compiling a schema; the tokenizer index is built once per process. In the engine
   (`python -m bench grammar`) the grammar's whole work (fill + apply + advance) is a few
-  per cent of a decode step at batch 1 and 16, within the <= 10 % issue 27 asks for.
+  per cent of a decode step at batch 1 and 16 (docs/benchmarks.md).
 - It is one self-contained wheel; xgrammar pulls apache-tvm-ffi and triton.
 """
 

@@ -6,7 +6,7 @@ only of the asking tenant's own blocks. A second record, of the same chains hash
 without the cache salt, tells a miss whose tokens another tenant computed: that is
 counted in the engine's aggregate metrics only. The request's own receipt says
 "cold" then, as for tokens nobody sent, or it would confirm another tenant's prompt
-(a membership oracle: issue 26, the receipt form of vLLM's CVE-2025-46570).
+(a membership oracle: the receipt form of vLLM's CVE-2025-46570).
 """
 
 from __future__ import annotations

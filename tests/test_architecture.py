@@ -226,7 +226,7 @@ def _reaches_into_manager(source: str) -> list[str]:
 
 def test_the_kv_tier_does_not_touch_the_managers_fields():
     # KVCacheManager owns the tier and calls it, passing the pool and hashes it needs;
-    # a tier that reads the manager from below couples the two layers again (issue 29).
+    # a tier that reads the manager from below couples the two layers again.
     assert _reaches_into_manager(TIER.read_text()) == []
 
 

@@ -16,7 +16,7 @@ def usage_dict(message: Message) -> dict | None:
     }
     if message.prefix_cache:
         # The cache receipt: why the prefix-cache match ended where it did. Receipts
-        # stored before issue 26 may say "salt" (another tenant had those tokens): that
+        # stored by older versions may say "salt" (another tenant had those tokens): that
         # is the tenant's own "cold", and nothing about another tenant is shown.
         receipt = dict(message.prefix_cache)
         if receipt.get("reason") == "salt":

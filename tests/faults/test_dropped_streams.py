@@ -1,4 +1,4 @@
-"""100 dropped streams, then 0 leaked KV blocks (issue 26's fault suite, on a live server).
+"""100 dropped streams, then 0 leaked KV blocks (the fault suite, on a live server).
 
 Each client opens a /v1 stream, reads its first chunk and hangs up mid-reply. The server
 must abort every generation (not run it to max_tokens) and free every block: once the

@@ -1,4 +1,4 @@
-"""Hostile input on a live server (issue 26): a generated corpus of bodies and frames.
+"""Hostile input on a live server: a generated corpus of bodies and frames.
 
 Every field of /v1/chat/completions, POST /api/conversations/ and
 POST /api/conversations/<id>/messages/ gets every value of a list of wrong types and

@@ -1,4 +1,4 @@
-"""A tenant learns nothing about another tenant's cache (issue 26), on a live server.
+"""A tenant learns nothing about another tenant's cache, on a live server.
 
 Tenant A sends a long prompt P; tenant B then sends P and a prompt Q of the same token
 length that nobody sent. B's receipts for the two are equal, and so are their costs: a

@@ -117,7 +117,7 @@ def test_a_salted_request_never_restores_another_salts_block(tiered):
     for salt in ("tenant-b", None):
         out = run(engine, prompt + [5], salt=salt)
         assert out.cached_tokens == 0 and out.prefix_cache.tier_tokens == 0
-        assert out.prefix_cache.reason == "cold"  # its own history: nothing (issue 26)
+        assert out.prefix_cache.reason == "cold"  # its own history: nothing
         assert engine.metrics_snapshot()["kv_tier_restores"] == restores
     evict_everything(engine, seed=98)
     out = run(engine, prompt + [5], salt="tenant-a")

@@ -1,4 +1,4 @@
-"""A tenant learns nothing about another tenant's cache (issue 26): not from its receipt,
+"""A tenant learns nothing about another tenant's cache: not from its receipt,
 not from how much work its prompt costs. Tenants are cache salts; the engine tells a
 request only about its own salt's history, and counts cross-tenant misses in aggregate."""
 

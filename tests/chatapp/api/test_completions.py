@@ -171,7 +171,7 @@ def test_the_prefix_cache_receipt_comes_only_when_asked(accounts, client_for, cl
     assert receipt["matched_tokens"] == asked.usage.prompt_tokens_details.cached_tokens > 0
 
     # Another tenant, the same prompt: the tokens are cached, but not for it, and its
-    # receipt says only what its own history says (issue 26: no membership oracle).
+    # receipt says only what its own history says (no membership oracle).
     _, other_key = accounts.user_with_key()
     stream = client_for(other_key).chat.completions.create(
         model=MODEL, messages=messages, max_tokens=2, stream=True,

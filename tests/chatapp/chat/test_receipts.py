@@ -78,7 +78,7 @@ async def test_an_edited_message_diverges_where_it_differs(alice):
 
 
 async def test_another_tenant_s_blocks_read_as_cold(alice, django_user_model):
-    """Bob's receipt speaks only of his own history (issue 26): the tokens Alice
+    """Bob's receipt speaks only of his own history: the tokens Alice
     cached are "cold" for him, as if nobody had sent them."""
     name = f"Salt{uuid.uuid4().hex[:8]}"
     conv = await fresh_conversation(alice, name)

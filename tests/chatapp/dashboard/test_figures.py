@@ -297,7 +297,7 @@ def test_the_host_disk_tier_and_why_matches_ended_are_shown_and_exported(client,
                 prefix_cache_miss_reasons={"full": 7, "evicted_pool": 2, "cold": 1})
     sampling.snapshot_record(snapshot=fake_snapshot("worker-1", **tier))
     # "salt" (cold misses on another tenant's tokens) is an aggregate count for the
-    # operator only: no request's receipt says it (issue 26).
+    # operator only: no request's receipt says it.
     sampling.snapshot_record(snapshot=fake_snapshot(
         "worker-2", prefix_cache_miss_reasons={"full": 3, "salt": 1}))
     total = selectors.dashboard_figures()["total"]
