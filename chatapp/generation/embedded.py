@@ -40,16 +40,14 @@ def engine_config(model: str | None = None):
         kv_dir = os.path.join(kv_dir, spec.alias)
     # Unset sizes (None) leave EngineConfig's defaults.
     sizes = {"num_blocks": served_models.share(settings.LLM_NUM_BLOCKS, n),
-             "kv_cache_memory_bytes": served_models.share(settings.LLM_KV_CACHE_BYTES, n),
+             # Unset, the engine's default budget is the process's, split like a set one.
+             "kv_cache_memory_bytes": served_models.share(
+                 settings.LLM_KV_CACHE_BYTES or EngineConfig.kv_cache_memory_bytes, n),
              "max_num_seqs": settings.LLM_MAX_NUM_SEQS,
              "max_model_len": settings.LLM_MAX_MODEL_LEN,
              "weight_dtype": spec.weight_dtype or settings.LLM_WEIGHT_DTYPE,
              "kv_offload_bytes": served_models.share(settings.LLM_KV_OFFLOAD_BYTES, n),
              "kv_dir": kv_dir}
-    if served_models.several() and not settings.LLM_KV_CACHE_BYTES and not settings.LLM_NUM_BLOCKS:
-        # The engine's default budget is the process's, split like an explicit one.
-        sizes["kv_cache_memory_bytes"] = served_models.share(
-            EngineConfig.kv_cache_memory_bytes, n)
     return EngineConfig(
         model=spec.model, device=settings.LLM_DEVICE, dtype=settings.LLM_DTYPE,
         block_size=settings.LLM_BLOCK_SIZE, model_cache_dir=settings.LLM_MODEL_CACHE,
