@@ -30,6 +30,8 @@
     python -m bench toolloop            an agent's tool loop with re-serialised arguments:
                                         the cached share of each turn
     python -m bench agreement           greedy tokens equal to llama.cpp's on the same GGUF
+    python -m bench kv-dtype            single-stream decode over long contexts with fp32
+                                        and with bf16 K/V
 
 Each subcommand takes --help.
 
@@ -64,6 +66,7 @@ SUBCOMMANDS = {
     "grammar": "bench.grammar",
     "toolloop": "bench.toolloop",
     "agreement": "bench.agreement",
+    "kv-dtype": "bench.kv_dtype",
 }
 
 

@@ -57,12 +57,14 @@ still turned slowly in the current although it was joined to nothing at all.
 """
 
 
-def engine_for(model: str, kind: str) -> LLMEngine:
-    """The engine in the path's dtype with the given weights, or the fp32 one."""
+def engine_for(model: str, kind: str, kv_dtype: str = "auto") -> LLMEngine:
+    """The engine in the path's dtype with the given weights (and KV cache dtype), or
+    the fp32 one."""
     if kind == "fp32":
         return LLMEngine(EngineConfig(model=model, dtype="float32", weight_dtype="fp32",
-                                      num_blocks=512))
-    return LLMEngine(EngineConfig(model=model, weight_dtype=kind, num_blocks=512))
+                                      num_blocks=512, kv_dtype=kv_dtype))
+    return LLMEngine(EngineConfig(model=model, weight_dtype=kind, num_blocks=512,
+                                  kv_dtype=kv_dtype))
 
 
 @contextlib.contextmanager
@@ -151,6 +153,9 @@ def main(argv: list[str] | None = None) -> dict:
     cli.add(parser, "weight_dtypes", "fp32,int8,int4", aliases=("--kinds",))
     parser.add_argument("--reference", choices=("bf16", "torch-fp32"), default="bf16",
                         help="what the weight dtypes are set against (default: %(default)s)")
+    parser.add_argument("--kv-dtype", default="auto",
+                        help="the KV cache dtype of the engines measured (EngineConfig.kv_dtype;"
+                             " default: %(default)s)")
     cli.add(parser, "out", cli.RESULTS / "quant_quality.json")
     args = parser.parse_args(argv)
 
@@ -169,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for kind in args.weight_dtypes.split(","):
         log(f"{kind} against {args.reference}")
-        engine = engine_for(args.model, kind)
+        engine = engine_for(args.model, kind, args.kv_dtype)
         ours = replies(engine, prompts, args.new_tokens)
         lp = log_probs(engine, held)
         results[kind] = {
@@ -182,14 +187,16 @@ def main(argv: list[str] | None = None) -> dict:
             "log_prob_change": abs(mean_log_prob(lp, held) - ref_mean) / abs(ref_mean),
             "kl": kl_divergence(ref_lp, lp),
             "dtype": engine.config.dtype,
+            "kv_dtype": engine.config.kv_dtype,
             "cpu_path": engine.cpu_path,
         }
         del engine
 
-    print(f"{'against ' + args.reference:14s} {'free':>7s} {'forced':>7s} {'log-prob':>9s} {'KL':>8s}")
+    print(f"{'against ' + args.reference:14s} {'KV':>9s} {'free':>7s} {'forced':>7s} "
+          f"{'log-prob':>9s} {'KL':>8s}")
     for kind, r in results.items():
-        print(f"{kind:14s} {r['free']:7.1%} {r['forced']:7.1%} {r['log_prob_change']:9.2%} "
-              f"{r['kl']:8.4f}")
+        print(f"{kind:14s} {r['kv_dtype']:>9s} {r['free']:7.1%} {r['forced']:7.1%} "
+              f"{r['log_prob_change']:9.2%} {r['kl']:8.4f}")
     data = {"kind": "quant-quality", "model": args.model, "new_tokens": args.new_tokens,
             "reference": args.reference, "cpu_path": cpu_path(),
             "prompts": len(PROMPTS), "held_tokens": len(held), "results": results}

@@ -142,6 +142,8 @@ LLM_MAX_NUM_SEQS = int(os.environ.get("LLM_MAX_NUM_SEQS", "0")) or None
 LLM_MAX_MODEL_LEN = int(os.environ.get("LLM_MAX_MODEL_LEN", "0")) or None
 # Weights: bf16 (the compute dtype), int8 or int4 (quantized once, kept beside the model).
 LLM_WEIGHT_DTYPE = os.environ.get("LLM_WEIGHT_DTYPE") or None
+# The KV cache's dtype (unset: auto, bf16 under fp32 activations with compact weights).
+LLM_KV_DTYPE = os.environ.get("LLM_KV_DTYPE") or None
 # On CPU, matmul weights laid out once for oneDNN; quantized ones then keep a bf16 copy
 # for prefill (their bf16 size in memory): 0 saves that memory at prefill's speed.
 LLM_PACK_WEIGHTS = env_bool("LLM_PACK_WEIGHTS", True)

@@ -56,10 +56,12 @@ class ModelRunner:
                 log.info("token embeddings read from the output head's %s rows (exact)",
                          model.lm_head.quantized.kind)
         self.model = model.to(dtype=self.dtype).eval()
+        self.kv_dtype = self.cache_dtype(config, kind)
+        config.kv_dtype = str(self.kv_dtype).removeprefix("torch.")  # "auto" resolved
         # The kernel path (kernels.cpu_features) the engine took, for logs and metrics.
         self.cpu_path = cpu_path() if self.device.type == "cpu" else self.device.type
-        log.info("kernel path: %s (%s activations, %s weights)", self.cpu_path, config.dtype,
-                 config.weight_dtype)
+        log.info("kernel path: %s (%s activations, %s weights, %s KV cache)", self.cpu_path,
+                 config.dtype, config.weight_dtype, str(self.kv_dtype).removeprefix("torch."))
         self.kv_groups = kv_groups(model_windows(self.model), config.sliding_window_kv)
         # Each layer's (group, slot in its group's pages), for GroupedMetadata.
         places = [self.kv_groups.place(i) for i in range(self.kv_groups.num_layers)]
@@ -94,7 +96,7 @@ class ModelRunner:
                 rotary.inv_freq = rotary.inv_freq.float()
         groups = self.kv_groups
         # A page holds one KV group's layers; with one group, every layer (a block).
-        per_block = kv_bytes_per_block(model_config, self.block_size, self.dtype,
+        per_block = kv_bytes_per_block(model_config, self.block_size, self.kv_dtype,
                                        groups.group_size)
         if config.num_blocks:  # blocks of every layer: the same bytes in pages
             self.num_blocks = config.num_blocks * groups.pages_per_whole_block()
@@ -107,12 +109,22 @@ class ModelRunner:
             self.block_size,
             self.model.num_kv_heads,
             self.model.head_dim,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
             device=self.device,
         )
         log.info("KV pool: %d %s of %d tokens (%.1f MiB)", self.num_blocks,
                  "pages" if groups.hybrid else "blocks", self.block_size,
                  self.num_blocks * per_block / 2**20)
+
+    def cache_dtype(self, config: EngineConfig, stored_kind: str | None) -> torch.dtype:
+        """The KV pool's dtype (EngineConfig.kv_dtype): "auto" takes bf16 for an fp32
+        engine on a CPU whose weights are stored compactly, else the compute dtype."""
+        if config.kv_dtype != "auto":
+            return getattr(torch, config.kv_dtype)
+        compact = stored_kind is not None
+        if compact and self.dtype == torch.float32 and self.device.type == "cpu":
+            return torch.bfloat16
+        return self.dtype
 
     def stored_kind(self, config: EngineConfig) -> str | None:
         """The weight dtype the linear layers are stored in apart from the compute dtype

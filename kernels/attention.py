@@ -228,6 +228,13 @@ def store_kvcache(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
+def widened(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """K or V read from the cache, in the queries' dtype: a bf16 cache under an fp32
+    model (a compact KV cache, EngineConfig.kv_dtype) is widened once read, so the
+    attention's arithmetic stays fp32. Queries are never narrower than the cache."""
+    return kv if kv.dtype == dtype else kv.to(dtype)
+
+
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` tokens of one sequence's K or V: [length, kv_heads, head_dim]."""
     block_size = cache.shape[1]
@@ -277,6 +284,7 @@ def paged_attention(
         held_whole = (
             query.is_cpu
             and k_cache.dtype in _HELD_WHOLE_DTYPES
+            and query.dtype == k_cache.dtype
             and num_heads * n * length <= _MAX_SCORES
         )
         if held_whole:
@@ -284,7 +292,8 @@ def paged_attention(
             o = _attend_held_whole(q, k, v, meta.chunk_mask(n, group, k.dtype), scale)
             out[start : start + n] = o.to(out.dtype)
             continue
-        k, v = gather_kv(k_cache, table, length), gather_kv(v_cache, table, length)
+        k = widened(gather_kv(k_cache, table, length), query.dtype)
+        v = widened(gather_kv(v_cache, table, length), query.dtype)
         if n == length:  # a whole prompt: plain causal attention
             o = F.scaled_dot_product_attention(
                 q.transpose(0, 1).unsqueeze(0).to(k.dtype),
@@ -375,9 +384,10 @@ def _prefill_batch_attention(
     group = heads // kv_heads
     rows = group * p.n_max
     blocks = p.tables.reshape(-1)
-    k = k_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : p.max_len]
-    v = v_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : p.max_len]
-    k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, kv, L, D]
+    k = widened(k_cache.index_select(0, blocks), query.dtype)
+    v = widened(v_cache.index_select(0, blocks), query.dtype)
+    k = k.view(b, -1, kv_heads, head_dim)[:, : p.max_len].transpose(1, 2)  # [B, kv, L, D]
+    v = v.view(b, -1, kv_heads, head_dim)[:, : p.max_len].transpose(1, 2)
     # Queries: a view when the chunks lie in place, else gathered with their padding.
     q = query[p.span[0] : p.span[1]] if p.span else query.index_select(0, p.query_idx)
     q = q.view(b, p.n_max, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
@@ -538,8 +548,8 @@ def _decode_attention(
 ) -> torch.Tensor:
     """Attention of the decode rows' queries [B, H, D], one per sequence of d.
 
-    In bf16 on a CPU where kernels/cpu_kernels runs (in fp32, kernels/f32_kernels),
-    its C kernel reads K/V in place
+    In bf16 on a CPU where kernels/cpu_kernels runs (in fp32, kernels/f32_kernels, over
+    an fp32 or bf16 cache), its C kernel reads K/V in place
     through the block tables, with no gather and no padding to the longest context
     (several times faster than gathering the blocks for one padded flash call:
     docs/benchmarks.md). Otherwise, one flash-attention call padded to the longest
@@ -551,22 +561,30 @@ def _decode_attention(
     a softmax over copied K/V, and by far SDPA's masked bf16 path, which takes the
     math fallback (docs/benchmarks.md).
     """
+    if _f32_decode_runs(query, k_cache):  # the fp32 paths' own kernel
+        return f32_kernels.paged_decode_attention(query.contiguous(), k_cache, v_cache,
+                                                  d.tables, d.lens, scale)
     if query.is_cpu and cpu_kernels.runs_decode(k_cache):
         q = query.to(k_cache.dtype).contiguous()
         return cpu_kernels.paged_decode_attention(q, k_cache, v_cache, d.tables, d.lens, scale)
-    if query.is_cpu and f32_kernels.runs_decode(k_cache):  # the fp32 paths' own kernel
-        q = query.to(k_cache.dtype).contiguous()
-        return f32_kernels.paged_decode_attention(q, k_cache, v_cache, d.tables, d.lens, scale)
     b = d.tables.shape[0]
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     group = query.shape[1] // kv_heads
     # index_select on the flattened table: cheaper than advanced indexing on CPU.
     blocks = d.tables.reshape(-1)
-    k = k_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : d.max_len]
-    v = v_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, : d.max_len]
+    k = widened(k_cache.index_select(0, blocks), query.dtype)
+    v = widened(v_cache.index_select(0, blocks), query.dtype)
+    k = k.view(b, -1, kv_heads, head_dim)[:, : d.max_len]
+    v = v.view(b, -1, kv_heads, head_dim)[:, : d.max_len]
     q = query.to(k.dtype).view(b, kv_heads, group, head_dim)
     o = _flash(q, k.transpose(1, 2), v.transpose(1, 2), d.mask(k.dtype), scale)
     return o.reshape(b, -1, head_dim)
+
+
+def _f32_decode_runs(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether fp32 decode queries take kernels/f32_kernels's C kernel over this cache
+    (fp32, or bf16 widened in registers)."""
+    return query.is_cpu and query.dtype == torch.float32 and f32_kernels.runs_decode(k_cache)
 
 
 def window_applies(meta: AttentionMetadata, window: int | None) -> bool:
@@ -618,8 +636,8 @@ def windowed_attention(
             lo = max(0, p0 - window + 1) // block_size * block_size
             hi = p0 + m  # one past the slice's last query position
             blocks = table[lo // block_size : (hi + block_size - 1) // block_size]
-            k = k_cache.index_select(0, blocks).flatten(0, 1)[: hi - lo]
-            v = v_cache.index_select(0, blocks).flatten(0, 1)[: hi - lo]
+            k = widened(k_cache.index_select(0, blocks).flatten(0, 1)[: hi - lo], query.dtype)
+            v = widened(v_cache.index_select(0, blocks).flatten(0, 1)[: hi - lo], query.dtype)
             q_pos = torch.arange(p0, hi, device=query.device)[:, None]
             k_pos = torch.arange(lo, hi, device=query.device)[None, :]
             hidden = (k_pos > q_pos) | (k_pos <= q_pos - window)
@@ -645,10 +663,9 @@ def _windowed_decode(
     their contexts: in fp32 on the CPU, kernels/f32_kernels's C kernel (it starts each
     row at its window); otherwise one flash call over the blocks from the earliest
     window start to the longest context, padded, with an additive mask."""
-    if query.is_cpu and f32_kernels.runs_decode(k_cache):
-        q = query.to(k_cache.dtype).contiguous()
-        return f32_kernels.paged_decode_attention(q, k_cache, v_cache, d.tables, d.lens, scale,
-                                                  window)
+    if _f32_decode_runs(query, k_cache):
+        return f32_kernels.paged_decode_attention(query.contiguous(), k_cache, v_cache,
+                                                  d.tables, d.lens, scale, window)
     b = d.tables.shape[0]
     block_size, kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     group = query.shape[1] // kv_heads
@@ -657,8 +674,9 @@ def _windowed_decode(
     offset = first_block * block_size  # the position of the gathered keys' first
     span = d.max_len - offset
     blocks = tables.reshape(-1)
-    k = k_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, :span]
-    v = v_cache.index_select(0, blocks).view(b, -1, kv_heads, head_dim)[:, :span]
+    k = widened(k_cache.index_select(0, blocks), query.dtype).view(b, -1, kv_heads, head_dim)
+    v = widened(v_cache.index_select(0, blocks), query.dtype).view(b, -1, kv_heads, head_dim)
+    k, v = k[:, :span], v[:, :span]
     positions = torch.arange(offset, d.max_len, device=d.lens.device)[None, :]
     hidden = (positions >= d.lens[:, None]) | (positions < d.lens[:, None] - window)
     mask = torch.zeros(hidden.shape, dtype=k.dtype, device=k.device)

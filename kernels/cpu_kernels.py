@@ -206,17 +206,20 @@ def causal_softmax_(scores: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def check_paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       tables: torch.Tensor, lens: torch.Tensor, dtype: torch.dtype) -> None:
+                       tables: torch.Tensor, lens: torch.Tensor, dtype: torch.dtype,
+                       cache_dtypes: tuple[torch.dtype, ...] | None = None) -> None:
     """ValueError unless a paged decode attention call (this library's or the fp32
-    one's) can read these: contiguous CPU query and caches in dtype, of one shape,
-    heads a multiple of the KV heads, int64 tables and lens, one of each per query."""
+    one's) can read these: contiguous CPU query in dtype and caches in dtype (or one of
+    cache_dtypes), of one shape and dtype, heads a multiple of the KV heads, int64
+    tables and lens, one of each per query."""
     batch, heads, head_dim = query.shape
     kv_heads, cache_dim = k_cache.shape[2], k_cache.shape[3]
-    tensors = (query, k_cache, v_cache)
-    if not (all(t.is_cpu and t.dtype == dtype and t.is_contiguous() for t in tensors)
-            and v_cache.shape == k_cache.shape):
+    cache_dtypes = cache_dtypes or (dtype,)
+    if not (all(t.is_cpu and t.is_contiguous() for t in (query, k_cache, v_cache))
+            and query.dtype == dtype and k_cache.dtype in cache_dtypes
+            and v_cache.dtype == k_cache.dtype and v_cache.shape == k_cache.shape):
         name = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
-        raise ValueError(f"expected contiguous {name} query and caches of one shape")
+        raise ValueError(f"expected a contiguous {name} query and caches of one shape")
     if cache_dim != head_dim or heads % kv_heads:
         raise ValueError(f"{heads} heads of {head_dim} over a cache of {kv_heads} x {cache_dim}")
     if tables.dtype != torch.int64 or lens.dtype != torch.int64 or tables.stride(-1) != 1:

@@ -72,6 +72,7 @@ class _Model(ctypes.Structure):
         ("act", ctypes.c_int64),
         ("kv_layers", ctypes.c_int64),
         ("table_group_stride", ctypes.c_int64),
+        ("kv_bf16", ctypes.c_int64),
     ]
 
 
@@ -233,11 +234,12 @@ class DecodeStack:
 
     def runs(self, rows: int, kv_cache: torch.Tensor) -> bool:
         """True where the step takes these: 1..max_rows rows and a contiguous CPU cache
-        [2, layers, blocks, block_size, kv_heads, head_dim] in the step's dtype (layers:
-        a KV group's slots, with groups)."""
+        [2, layers, blocks, block_size, kv_heads, head_dim] in the step's dtype, or in
+        bf16 for the fp32 step (layers: a KV group's slots, with groups)."""
         return (
             0 < rows <= self.max_rows
-            and kv_cache.dtype == self.dtype
+            and (kv_cache.dtype == self.dtype
+                 or self.dtype == torch.float32 and kv_cache.dtype == torch.bfloat16)
             and kv_cache.is_cpu
             and kv_cache.is_contiguous()
             and kv_cache.dim() == 6
@@ -277,6 +279,7 @@ class DecodeStack:
             raise ValueError("every row attends to at least its own token")
         self._model.block_size = block_size
         self._model.table_group_stride = tables.stride(0) if self.groups > 1 else 0
+        self._model.kv_bf16 = int(kv_cache.dtype != self.dtype)
         out = torch.empty_like(x)
         lib = cpu_kernels.loaded() if self.dtype == torch.bfloat16 else f32_kernels.loaded()
         step = lib.decode_stack if self.dtype == torch.bfloat16 else lib.f32_decode_stack

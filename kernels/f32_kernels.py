@@ -56,7 +56,8 @@ def _library() -> ctypes.CDLL | None:
     lib.f32_dequant.argtypes = (ctypes.c_int, ptr, ptr, i64, i64, i64, ptr, ctypes.c_int)
     lib.f32_dequant.restype = ctypes.c_int
     lib.f32_paged_decode_attention.argtypes = (
-        (ptr,) * 4 + (i64, ptr, ptr) + (i64,) * 5 + (ctypes.c_float, i64, ctypes.c_int)
+        (ptr,) * 4 + (i64, ptr, ptr) + (i64,) * 5 + (ctypes.c_float, i64, ctypes.c_int,
+                                                     ctypes.c_int)
     )
     lib.f32_paged_decode_attention.restype = ctypes.c_int
     lib.f32_decode_stack.argtypes = (
@@ -138,28 +139,35 @@ def dequantize(kind: str, data: torch.Tensor, scale: torch.Tensor | None,
     return dst
 
 
+# The caches the fp32 kernels read: fp32, or bf16 widened in registers (half the bytes).
+CACHE_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def runs_decode(k_cache: torch.Tensor) -> bool:
-    """True where paged_decode_attention takes this cache: fp32 on the CPU, contiguous,
-    head_dim a multiple of 8 up to 256, and the kernels here."""
+    """True where paged_decode_attention takes this cache: fp32 or bf16 on the CPU,
+    contiguous, head_dim a multiple of 8 up to 256, and the kernels here."""
     head_dim = k_cache.shape[-1]
-    return head_dim % 8 == 0 and 0 < head_dim <= 256 and _f32_cpu(k_cache) and available()
+    return (head_dim % 8 == 0 and 0 < head_dim <= 256 and k_cache.dtype in CACHE_DTYPES
+            and k_cache.is_cpu and k_cache.is_contiguous() and available())
 
 
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            tables: torch.Tensor, lens: torch.Tensor, scale: float,
                            window: int | None = None) -> torch.Tensor:
     """Attention of one query token per sequence, query [B, H, D], over its first
-    lens[b] cached tokens read through tables from fp32 caches [blocks, block_size,
-    kv_heads, D]: fp32 [B, H, D]. A sliding window sees only the last `window` of them."""
+    lens[b] cached tokens read through tables from fp32 or bf16 caches [blocks,
+    block_size, kv_heads, D]: fp32 [B, H, D]. A sliding window sees only the last
+    `window` of them."""
     lib = loaded()
-    check_paged_decode(query, k_cache, v_cache, tables, lens, torch.float32)
+    check_paged_decode(query, k_cache, v_cache, tables, lens, torch.float32, CACHE_DTYPES)
     batch, heads, head_dim = query.shape
     _, block_size, kv_heads, _ = k_cache.shape
     out = torch.empty_like(query)
     rc = lib.f32_paged_decode_attention(
         query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
         tables.stride(0), lens.data_ptr(), out.data_ptr(), batch, heads, kv_heads, head_dim,
-        block_size, scale, window or 0, torch.get_num_threads(),
+        block_size, scale, window or 0, int(k_cache.dtype == torch.bfloat16),
+        torch.get_num_threads(),
     )
     if rc == 2:
         raise ValueError(f"head_dim {head_dim} is not a multiple of 8 up to 256")

@@ -10,7 +10,7 @@ from chatapp.generation.embedded import loaded_engines
 
 
 def engine_identity(engine: Any) -> dict[str, str]:
-    """The engine's kernel path, activation dtype and weight dtype (stats.IDENTITY); a key
+    """The engine's kernel path, activation, weight and KV cache dtypes (stats.IDENTITY); a key
     the engine does not expose (a stand-in in tests, an older engine) is left out."""
     # AsyncEngine wraps the LLMEngine that holds cpu_path; both share one config.
     inner = getattr(engine, "engine", None)
@@ -19,6 +19,7 @@ def engine_identity(engine: Any) -> dict[str, str]:
         "cpu_path": getattr(engine, "cpu_path", None) or getattr(inner, "cpu_path", None),
         "dtype": getattr(config, "dtype", None),
         "weight_dtype": getattr(config, "weight_dtype", None),
+        "kv_dtype": getattr(config, "kv_dtype", None),
     }
     return {key: str(value) for key, value in found.items() if value is not None}
 

@@ -61,7 +61,7 @@ def check_redis(url: str) -> tuple[bool, str]:
 
 def readiness() -> tuple[bool, dict[str, dict]]:
     """(ready, {check: {"ok": bool, "detail": str}}); a loaded model's check also says
-    which kernel path and dtypes it runs with (cpu_path, dtype, weight_dtype)."""
+    which kernel path and dtypes it runs with (cpu_path, dtype, weight_dtype, kv_dtype)."""
     checks = {"model": check_model(), "database": check_database()}
     redis_url = getattr(settings, "REDIS_URL", "")
     if redis_url:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 # How an engine runs (kernels.cpu_features path, activation and weight dtypes): shown per
 # engine, never added up. None in a snapshot from an engine that predates them.
-IDENTITY = ("cpu_path", "dtype", "weight_dtype")
+IDENTITY = ("cpu_path", "dtype", "weight_dtype", "kv_dtype")
 
 # Counters that add up across engines for the "total" row.
 SUMMED = (

@@ -46,6 +46,7 @@ def engine_config(model: str | None = None):
              "max_num_seqs": settings.LLM_MAX_NUM_SEQS,
              "max_model_len": settings.LLM_MAX_MODEL_LEN,
              "weight_dtype": spec.weight_dtype or settings.LLM_WEIGHT_DTYPE,
+             "kv_dtype": settings.LLM_KV_DTYPE,
              "kv_offload_bytes": served_models.share(settings.LLM_KV_OFFLOAD_BYTES, n),
              "kv_dir": kv_dir}
     return EngineConfig(

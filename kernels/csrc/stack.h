@@ -43,8 +43,9 @@ typedef struct {
     const void *norm; /* the final norm's weight */
     int64_t act;      /* STACK_SILU or STACK_GELU_TANH (the fp32 step only) */
     /* The fp32 step: the cache's layer axis, and how far apart (in int64s) the KV
-       groups' block tables lie; group g's slots are slots + g * rows. */
-    int64_t kv_layers, table_group_stride;
+       groups' block tables lie; group g's slots are slots + g * rows; whether the
+       cache holds bf16 (widened in registers) rather than fp32. */
+    int64_t kv_layers, table_group_stride, kv_bf16;
 } stack_model;
 
 /* The widest padded input and the widest output of any layer's matmuls: the sizes

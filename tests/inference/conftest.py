@@ -108,7 +108,10 @@ def make_engine(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smollm2_engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(dtype="float32", num_blocks=1024, max_num_batched_tokens=1024))
+    """The shipped SmolLM2 in fp32 over its exact (int4) weights, with fp32 K/V: what
+    transformers computes on the same weights (a bf16 cache is held to it apart)."""
+    return LLMEngine(EngineConfig(dtype="float32", num_blocks=1024, max_num_batched_tokens=1024,
+                                  kv_dtype="float32"))
 
 
 @pytest.fixture(scope="session")

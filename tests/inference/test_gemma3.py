@@ -195,8 +195,10 @@ def test_every_weight_dtype_matches_transformers_on_the_same_weights(
     """fp32 activations over stored weights equal transformers' on those weights
     dequantized (within TOL); bf16 activations stay within BF16_TOL of it in fp32.
     With window-aware KV (KV groups) and with every layer's KV kept whole."""
+    # fp32 K/V under fp32 activations: the weights alone are compared here.
     engine = gemma_engine(tiny_gemma3, tmp_path, dtype=dtype, weight_dtype=weight_dtype,
-                          sliding_window_kv=sliding_window_kv)
+                          sliding_window_kv=sliding_window_kv,
+                          kv_dtype="float32" if dtype == "float32" else "auto")
     assert engine.runner.kv_groups.hybrid == sliding_window_kv
     model = engine.runner.model
     stored = weight_dtype != "fp32"

@@ -95,6 +95,33 @@ def test_paged_attention_matches_dense(
         assert (got - ref).abs().max().item() < tol, (L, n)
 
 
+@pytest.mark.parametrize(
+    "shapes", [MIXED, LONE_DECODE, DECODES], ids=["mixed", "lone-decode", "decodes"]
+)
+@pytest.mark.parametrize("scores", ["held-whole", "flash"])
+@pytest.mark.parametrize("window", [None, 20])
+def test_fp32_queries_over_a_bf16_cache_attend_its_widened_values(
+    shapes, scores, window, monkeypatch
+):
+    """An fp32 model over a bf16 KV cache (EngineConfig.kv_dtype) computes in fp32 on
+    the cache's values: every way a step attends gives what it gives over an fp32 cache
+    holding the same values, and K/V are rounded as torch rounds them when stored."""
+    import kernels.attention as attention
+
+    held = {torch.float32, torch.bfloat16} if scores == "held-whole" else set()
+    monkeypatch.setattr(attention, "_HELD_WHOLE_DTYPES", held)
+    q, k_cache, v_cache, meta, _ = build_step(shapes, 6, 2, 64, torch.float32, num_blocks=256)
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    keys = torch.randn(len(meta.slot_mapping), 2, 64)
+    store_kvcache(keys, -keys, k16, v16, meta.slot_mapping)
+    store_kvcache(keys, -keys, k_cache, v_cache, meta.slot_mapping)
+    assert torch.equal(k16.float(), k_cache.bfloat16().float())  # round to nearest even
+    got = paged_attention(q, k16, v16, meta, 0.125, window)
+    want = paged_attention(q, k16.float(), v16.float(), meta, 0.125, window)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_store_kvcache_skips_negative_slots():
     k_cache = torch.zeros(2, 4, 1, 2)
     v_cache = torch.zeros_like(k_cache)

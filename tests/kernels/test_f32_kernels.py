@@ -78,6 +78,24 @@ def test_paged_decode_attention_matches_the_reference(heads, kv_heads, head_dim,
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 40])
+def test_paged_decode_attention_reads_a_bf16_cache_as_its_fp32_widening(window):
+    """A bf16 cache (an fp32 engine's compact KV) is widened in registers: the same
+    attention as over the fp32 cache holding the same values."""
+    torch.manual_seed(3)
+    block_size, blocks, heads, kv_heads, head_dim = 16, 64, 9, 3, 64
+    k16 = torch.randn(blocks, block_size, kv_heads, head_dim).bfloat16()
+    v16 = torch.randn(blocks, block_size, kv_heads, head_dim).bfloat16()
+    tables = torch.stack([torch.randperm(blocks)[:20] for _ in range(3)])
+    lens = torch.tensor([300, 17, 1])
+    q = torch.randn(3, heads, head_dim)
+    assert f32_kernels.runs_decode(k16)
+    got = f32_kernels.paged_decode_attention(q, k16, v16, tables, lens, 0.125, window)
+    want = f32_kernels.paged_decode_attention(q, k16.float(), v16.float(), tables, lens, 0.125,
+                                              window)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_attention_refuses_what_it_cannot_read():
     k = torch.randn(4, 16, 2, 20)  # head_dim not a multiple of 8
     assert not f32_kernels.runs_decode(k)
@@ -86,6 +104,11 @@ def test_attention_refuses_what_it_cannot_read():
                                            torch.tensor([3]), 1.0)
     with pytest.raises(ValueError):
         f32_kernels.paged_decode_attention(torch.randn(1, 2, 16).bfloat16(), k, k,
+                                           torch.zeros(1, 1).long(), torch.tensor([3]), 1.0)
+    half = torch.randn(4, 16, 2, 16).half()  # neither fp32 nor bf16
+    assert not f32_kernels.runs_decode(half)
+    with pytest.raises(ValueError):
+        f32_kernels.paged_decode_attention(torch.randn(1, 2, 16), half, half,
                                            torch.zeros(1, 1).long(), torch.tensor([3]), 1.0)
 
 

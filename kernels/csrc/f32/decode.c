@@ -14,6 +14,30 @@
 
 #define MAX_CHUNKS 32 /* head_dim up to 256, in 8-lane chunks */
 
+/* 8 cached K or V values from element i of a cache of fp32 or of bf16 (widened in
+   registers: half the bytes to stream, the same fp32 arithmetic after). */
+static ALWAYS_INLINE f8 load_kv(const void *cache, int64_t i, const int bf16) {
+    return bf16 ? bf16_to_f8((const uint16_t *)cache + i) : load8((const float *)cache + i);
+}
+
+/* n floats stored at element i of an fp32 or bf16 cache; bf16 rounds to nearest even
+   (NaN kept quiet), as torch's float-to-bfloat16 conversion does. */
+static void store_kv(void *cache, int64_t i, const float *x, int64_t n, int bf16) {
+    if (!bf16) {
+        memcpy((float *)cache + i, x, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *dst = (uint16_t *)cache + i;
+    for (int64_t j = 0; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, x + j, sizeof u);
+        if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+            dst[j] = (uint16_t)((u >> 16) | 0x40u);
+        else
+            dst[j] = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+}
+
 /* Softmax in place over n scores; returns 1 / their sum of exponentials. */
 static float softmax_unnormalised(float *s, int64_t n) {
     f8 vm = splat(-INFINITY);
@@ -38,10 +62,11 @@ static float softmax_unnormalised(float *s, int64_t n) {
 /* The `group` query heads that share KV head kv_head, over len cached tokens read in
    place through table; chunks = head_dim / 8, a constant at the call sites so the
    loops over it unroll. */
-static ALWAYS_INLINE void attend(const float *q, const float *k_cache, const float *v_cache,
+static ALWAYS_INLINE void attend(const float *q, const void *k_cache, const void *v_cache,
                                  const int64_t *table, int64_t start, int64_t len, float *out,
                                  int64_t group, int64_t kv_heads, int64_t kv_head,
-                                 int64_t block_size, float scale, float *scores, const int chunks) {
+                                 int64_t block_size, float scale, float *scores, const int chunks,
+                                 const int bf16) {
     const int64_t head_dim = (int64_t)chunks * LANES;
     const int64_t token_stride = kv_heads * head_dim, block_stride = block_size * token_stride;
     const int64_t keys = len - start; /* the tokens start .. len - 1 */
@@ -49,9 +74,9 @@ static ALWAYS_INLINE void attend(const float *q, const float *k_cache, const flo
         const int64_t base = table[t0 / block_size] * block_stride + kv_head * head_dim;
         const int64_t n = len - t0 < block_size ? len - t0 : block_size;
         for (int64_t off = t0 < start ? start - t0 : 0; off < n; off++) {
-            const float *k = k_cache + base + off * token_stride;
+            const int64_t k = base + off * token_stride;
             f8 kv[MAX_CHUNKS];
-            for (int c = 0; c < chunks; c++) kv[c] = load8(k + LANES * c);
+            for (int c = 0; c < chunks; c++) kv[c] = load_kv(k_cache, k + LANES * c, bf16);
             for (int64_t g = 0; g < group; g++) {
                 f8 acc = splat(0.0f);
                 for (int c = 0; c < chunks; c++) acc += load8(q + g * head_dim + LANES * c) * kv[c];
@@ -68,9 +93,9 @@ static ALWAYS_INLINE void attend(const float *q, const float *k_cache, const flo
         const int64_t base = table[t0 / block_size] * block_stride + kv_head * head_dim;
         const int64_t n = len - t0 < block_size ? len - t0 : block_size;
         for (int64_t off = t0 < start ? start - t0 : 0; off < n; off++) {
-            const float *v = v_cache + base + off * token_stride;
+            const int64_t v = base + off * token_stride;
             f8 vv[MAX_CHUNKS];
-            for (int c = 0; c < chunks; c++) vv[c] = load8(v + LANES * c);
+            for (int c = 0; c < chunks; c++) vv[c] = load_kv(v_cache, v + LANES * c, bf16);
             for (int64_t g = 0; g < group; g++) {
                 const f8 p = splat(scores[g * keys + t0 + off - start]);
                 float *o = out + g * head_dim;
@@ -90,11 +115,11 @@ int64_t f32_attention_floats(const int64_t *lens, int64_t batch, int64_t heads,
     return heads / kv_heads * longest;
 }
 
-void f32_attention_tasks(const float *query, const float *k_cache, const float *v_cache,
+void f32_attention_tasks(const float *query, const void *k_cache, const void *v_cache,
                          const int64_t *tables, int64_t table_stride, const int64_t *lens,
                          float *out, int64_t batch, int64_t heads, int64_t kv_heads,
                          int64_t head_dim, int64_t block_size, float scale, int64_t window,
-                         float *scores) {
+                         int kv_bf16, float *scores) {
     const int64_t group = heads / kv_heads;
     const int chunks = (int)(head_dim / LANES);
 #pragma omp for schedule(dynamic, 1)
@@ -106,7 +131,8 @@ void f32_attention_tasks(const float *query, const float *k_cache, const float *
         const int64_t *table = tables + b * table_stride;
         /* A sliding window sees the last `window` tokens only. */
         const int64_t start = window > 0 && lens[b] > window ? lens[b] - window : 0;
-#define ATTEND(C) attend(q, k_cache, v_cache, table, start, lens[b], o, group, kv_heads, h, block_size, scale, scores, C)
+#define ATTEND_KV(C, B) attend(q, k_cache, v_cache, table, start, lens[b], o, group, kv_heads, h, block_size, scale, scores, C, B)
+#define ATTEND(C) (kv_bf16 ? ATTEND_KV(C, 1) : ATTEND_KV(C, 0))
         switch (chunks) {
         case 2: ATTEND(2); break;
         case 4: ATTEND(4); break;
@@ -116,6 +142,7 @@ void f32_attention_tasks(const float *query, const float *k_cache, const float *
         default: ATTEND(chunks); break;
         }
 #undef ATTEND
+#undef ATTEND_KV
     }
 }
 
@@ -125,14 +152,15 @@ static int attention_shape_ok(int64_t heads, int64_t kv_heads, int64_t head_dim)
 }
 
 /* query and out [batch, heads, head_dim]; caches [blocks, block_size, kv_heads,
-   head_dim]; tables [batch, >= ceil(lens / block_size)] rows table_stride apart;
+   head_dim], fp32 or (kv_bf16) bf16; tables [batch, >= ceil(lens / block_size)] rows
+   table_stride apart;
    window: a sliding window's length (each row sees its last `window` tokens), or 0.
    Returns 0, 1 for no memory, 2 for a bad shape. */
-int f32_paged_decode_attention(const float *query, const float *k_cache, const float *v_cache,
+int f32_paged_decode_attention(const float *query, const void *k_cache, const void *v_cache,
                                const int64_t *tables, int64_t table_stride, const int64_t *lens,
                                float *out, int64_t batch, int64_t heads, int64_t kv_heads,
                                int64_t head_dim, int64_t block_size, float scale, int64_t window,
-                               int threads) {
+                               int kv_bf16, int threads) {
     if (!attention_shape_ok(heads, kv_heads, head_dim)) return 2;
     const int64_t floats = f32_attention_floats(lens, batch, heads, kv_heads, head_dim);
     int failed = 0;
@@ -144,7 +172,7 @@ int f32_paged_decode_attention(const float *query, const float *k_cache, const f
             failed = 1;
         }
         f32_attention_tasks(query, k_cache, v_cache, tables, table_stride, lens, out, batch, heads,
-                            kv_heads, head_dim, block_size, scale, window, scores);
+                            kv_heads, head_dim, block_size, scale, window, kv_bf16, scores);
         free(scores);
     }
     return failed;
@@ -228,9 +256,10 @@ static void add_output(float *x, const float *y, const float *norm, float *tmp, 
 
 /* The fp32 counterpart of decode_stack (csrc/decode_stack.c), same arguments; cos and
    sin hold one [rows, head_dim] set per RoPE the layers take (stack_layer.rope); with
-   KV groups, slots and tables hold one set per group (stack_layer.group). */
+   KV groups, slots and tables hold one set per group (stack_layer.group); the cache
+   holds fp32 or, with m->kv_bf16, bf16. */
 int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *cos,
-                     const float *sin, const int64_t *slots, float *kv, int64_t num_blocks,
+                     const float *sin, const int64_t *slots, void *kv, int64_t num_blocks,
                      const int64_t *tables, int64_t table_stride, const int64_t *lens, float *out,
                      int threads) {
     const int64_t hidden = m->hidden, hd = m->head_dim, heads = m->heads;
@@ -239,6 +268,8 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
         return 2;
     const int64_t q_size = heads * hd, kv_size = kv_heads * hd, qkv_out = q_size + 2 * kv_size;
     const int64_t token = kv_size, layer_stride = num_blocks * m->block_size * token;
+    const int kv_bf16 = m->kv_bf16 != 0;
+    const int64_t kv_elem = kv_bf16 ? 2 : 4;
     int64_t in_pad, width;
     stack_widths(m, &in_pad, &width);
     if (m->layer[0].qkv.out != qkv_out || m->layer[0].gate_up.out != 2 * inter) return 2;
@@ -257,8 +288,9 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
         }
         for (int64_t l = 0; l < m->layers; l++) {
             const stack_layer *L = &m->layer[l];
-            float *k_cache = kv + L->kv_slot * layer_stride;
-            float *v_cache = kv + (m->kv_layers + L->kv_slot) * layer_stride;
+            const int64_t k_at = L->kv_slot * layer_stride;
+            const int64_t v_at = (m->kv_layers + L->kv_slot) * layer_stride;
+            char *k_cache = (char *)kv + k_at * kv_elem, *v_cache = (char *)kv + v_at * kv_elem;
             const int64_t *slot = slots + L->group * rows;
             const int64_t *table = tables + L->group * m->table_group_stride;
 #pragma omp single
@@ -280,13 +312,12 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
                 rotate(row, cos + at, sin + at, heads + kv_heads, hd);
                 memcpy(q + r * q_size, row, (size_t)q_size * sizeof(float));
                 if (slot[r] >= 0) {
-                    memcpy(k_cache + slot[r] * token, row + q_size, (size_t)kv_size * sizeof(float));
-                    memcpy(v_cache + slot[r] * token, row + q_size + kv_size,
-                           (size_t)kv_size * sizeof(float));
+                    store_kv(k_cache, slot[r] * token, row + q_size, kv_size, kv_bf16);
+                    store_kv(v_cache, slot[r] * token, row + q_size + kv_size, kv_size, kv_bf16);
                 }
             }
             f32_attention_tasks(q, k_cache, v_cache, table, table_stride, lens, attn, rows, heads,
-                                kv_heads, hd, m->block_size, m->scale, L->window, scores);
+                                kv_heads, hd, m->block_size, m->scale, L->window, kv_bf16, scores);
 #pragma omp single
             f32_pad_rows(act, attn, rows, q_size, L->o.in_pad);
             matmul(&L->o, act, rows, y);

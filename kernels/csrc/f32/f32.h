@@ -23,15 +23,15 @@ void f32_matmul_tiles(int kind, const float *x, int64_t batch, int64_t in_pad, c
 /* rows of x [rows, in] copied to act [rows, in_pad], zero-padded. */
 void f32_pad_rows(float *act, const float *x, int64_t rows, int64_t in, int64_t in_pad);
 
-/* Decode attention of batch x kv_heads tasks over fp32 caches [blocks, block_size,
-   kv_heads, head_dim]; shared loop. scores: the thread's buffer of
+/* Decode attention of batch x kv_heads tasks over fp32 or (kv_bf16) bf16 caches
+   [blocks, block_size, kv_heads, head_dim]; shared loop. scores: the thread's buffer of
    f32_attention_floats floats, or NULL (that thread's tasks are skipped). */
 int64_t f32_attention_floats(const int64_t *lens, int64_t batch, int64_t heads,
                              int64_t kv_heads, int64_t head_dim);
-void f32_attention_tasks(const float *query, const float *k_cache, const float *v_cache,
+void f32_attention_tasks(const float *query, const void *k_cache, const void *v_cache,
                          const int64_t *tables, int64_t table_stride, const int64_t *lens,
                          float *out, int64_t batch, int64_t heads, int64_t kv_heads,
                          int64_t head_dim, int64_t block_size, float scale, int64_t window,
-                         float *scores);
+                         int kv_bf16, float *scores);
 
 #endif

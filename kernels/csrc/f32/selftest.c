@@ -15,11 +15,11 @@ int f32_linear(int kind, const float *x, int64_t rows, int64_t in, int64_t in_pa
                const void *w, const uint16_t *w_scale, int64_t out, float *y, int threads);
 int f32_dequant(int kind, const void *w, const uint16_t *w_scale, int64_t out, int64_t in,
                 int64_t in_pad, float *dst, int threads);
-int f32_paged_decode_attention(const float *query, const float *k_cache, const float *v_cache,
+int f32_paged_decode_attention(const float *query, const void *k_cache, const void *v_cache,
                                const int64_t *tables, int64_t table_stride, const int64_t *lens,
                                float *out, int64_t batch, int64_t heads, int64_t kv_heads,
                                int64_t head_dim, int64_t block_size, float scale, int64_t window,
-                               int threads);
+                               int kv_bf16, int threads);
 
 static int passed, failed;
 
@@ -163,9 +163,18 @@ static void test_linear(int kind, const char *name, int64_t out, int64_t in) {
     free(scale);
 }
 
-/* window: a sliding window's length, or 0 for the whole context. */
+/* The bf16 bits of f, truncated; f becomes the value they hold (exact as a float). */
+static uint16_t to_bf16(float *f) {
+    uint32_t u;
+    memcpy(&u, f, sizeof u);
+    u &= 0xFFFF0000u;
+    memcpy(f, &u, sizeof u);
+    return (uint16_t)(u >> 16);
+}
+
+/* window: a sliding window's length, or 0 for the whole context; bf16: caches of bf16. */
 static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t len,
-                           int64_t window) {
+                           int64_t window, int bf16) {
     const int64_t start = window > 0 && len > window ? len - window : 0;
     const int64_t block_size = 16, blocks = (len + 15) / 16 + 3, token = kv_heads * head_dim;
     float *k = malloc((size_t)(blocks * block_size * token) * sizeof(float));
@@ -176,7 +185,12 @@ static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, in
     double *mag = calloc((size_t)(heads * head_dim), sizeof(double));
     double *p = malloc((size_t)len * sizeof(double));
     int64_t table[64];
-    for (int64_t i = 0; i < blocks * block_size * token; i++) k[i] = uniform(), v[i] = uniform();
+    uint16_t *k16 = malloc((size_t)(blocks * block_size * token) * sizeof(uint16_t));
+    uint16_t *v16 = malloc((size_t)(blocks * block_size * token) * sizeof(uint16_t));
+    for (int64_t i = 0; i < blocks * block_size * token; i++) {
+        k[i] = uniform(), v[i] = uniform();
+        k16[i] = to_bf16(&k[i]), v16[i] = to_bf16(&v[i]);
+    }
     for (int64_t i = 0; i < heads * head_dim; i++) q[i] = uniform();
     for (int64_t b = 0; b < blocks; b++) table[b] = blocks - 1 - b; /* out of order */
     const float scale = 1.0f / sqrtf((float)head_dim);
@@ -202,13 +216,15 @@ static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, in
         }
     }
     const int64_t lens[1] = {len};
-    const int rc = f32_paged_decode_attention(q, k, v, table, blocks, lens, o, 1, heads, kv_heads,
-                                              head_dim, block_size, scale, window, 2);
-    char what[128];
+    const int rc = f32_paged_decode_attention(q, bf16 ? (const void *)k16 : k,
+                                              bf16 ? (const void *)v16 : v, table, blocks, lens,
+                                              o, 1, heads, kv_heads, head_dim, block_size, scale,
+                                              window, bf16, 2);
+    char what[160];
     snprintf(what, sizeof what,
-             "decode attention %lld heads over %lld, dim %lld, %lld tokens, window %lld",
+             "decode attention %lld heads over %lld, dim %lld, %lld tokens, window %lld, %s KV",
              (long long)heads, (long long)kv_heads, (long long)head_dim, (long long)len,
-             (long long)window);
+             (long long)window, bf16 ? "bf16" : "fp32");
     if (rc) {
         printf("FAIL %s: returned %d\n", what, rc);
         failed++;
@@ -216,7 +232,7 @@ static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, in
         for (int64_t i = 0; i < heads * head_dim; i++) mag[i] += 1.0; /* exp's ulps */
         check(what, o, want, mag, heads * head_dim);
     }
-    free(k), free(v), free(q), free(o), free(want), free(mag), free(p);
+    free(k), free(v), free(k16), free(v16), free(q), free(o), free(want), free(mag), free(p);
 }
 
 int main(void) {
@@ -224,13 +240,15 @@ int main(void) {
     static const int64_t shapes[][2] = {{64, 576}, {70, 100}, {33, 1536}, {16, 64}};
     for (int kind = 0; kind <= F32_PLAIN; kind++)
         for (int s = 0; s < 4; s++) test_linear(kind, names[kind], shapes[s][0], shapes[s][1]);
-    test_attention(9, 3, 64, 1, 0);
-    test_attention(9, 3, 64, 100, 0);
-    test_attention(4, 4, 16, 37, 0);
-    test_attention(8, 2, 256, 300, 0);
-    test_attention(8, 2, 256, 300, 37); /* a window starting mid-block */
-    test_attention(4, 2, 32, 100, 1);
-    test_attention(4, 2, 32, 20, 64); /* a window longer than the context */
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        test_attention(9, 3, 64, 1, 0, bf16);
+        test_attention(9, 3, 64, 100, 0, bf16);
+        test_attention(4, 4, 16, 37, 0, bf16);
+        test_attention(8, 2, 256, 300, 0, bf16);
+        test_attention(8, 2, 256, 300, 37, bf16); /* a window starting mid-block */
+        test_attention(4, 2, 32, 100, 1, bf16);
+        test_attention(4, 2, 32, 20, 64, bf16); /* a window longer than the context */
+    }
     printf("fp32 kernel checks: %d ok, %d failed\n", passed, failed);
     return failed != 0;
 }

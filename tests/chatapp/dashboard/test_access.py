@@ -99,7 +99,7 @@ def test_readyz_says_which_kernel_path_and_dtypes_the_loaded_engine_took(client,
     from kernels.cpu_features import cpu_path
 
     # Shaped like AsyncEngine: the kernel path is on the LLMEngine it wraps.
-    config = SimpleNamespace(dtype="float32", weight_dtype="int4")
+    config = SimpleNamespace(dtype="float32", weight_dtype="int4", kv_dtype="bfloat16")
     stand_in = SimpleNamespace(config=config,
                                engine=SimpleNamespace(config=config, cpu_path=cpu_path()))
     monkeypatch.setattr(host, "_engines", {host.served_models.default_alias(): stand_in})
@@ -107,7 +107,7 @@ def test_readyz_says_which_kernel_path_and_dtypes_the_loaded_engine_took(client,
     assert response.status_code == 200
     assert response.json()["checks"]["model"] == {
         "ok": True, "detail": "loaded", "cpu_path": cpu_path(), "dtype": "float32",
-        "weight_dtype": "int4"}
+        "weight_dtype": "int4", "kv_dtype": "bfloat16"}
 
 
 def test_readyz_checks_redis_where_configured(client, monkeypatch, settings):

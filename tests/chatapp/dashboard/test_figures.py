@@ -208,7 +208,7 @@ def test_a_worker_reports_its_kernel_path_and_it_is_shown_and_exported(client, s
     from kernels.cpu_features import cpu_path
 
     # The worker's side: its sample carries the path its own process took.
-    config = SimpleNamespace(dtype="float32", weight_dtype="int4")
+    config = SimpleNamespace(dtype="float32", weight_dtype="int4", kv_dtype="bfloat16")
     worker = SimpleNamespace(config=config, metrics=lambda: fake_snapshot("worker-1"),
                              engine=SimpleNamespace(config=config, cpu_path=cpu_path()))
     monkeypatch.setattr(host, "_engines", {"fake-model": worker})
@@ -229,7 +229,7 @@ def test_a_worker_reports_its_kernel_path_and_it_is_shown_and_exported(client, s
 
     page = staff_client.get("/admin/cache/").content.decode()
     assert (f'id="engine-worker-1-cpu-path" data-value="{cpu_path()}">{cpu_path()}</span>'
-            " (float32 activations, int4 weights)") in page
+            " (float32 activations, int4 weights, bfloat16 KV cache)") in page
     assert 'id="engine-worker-2-cpu-path" data-value="neon"' in page
     assert 'id="engine-old-worker-cpu-path"' not in page
 
@@ -239,13 +239,14 @@ def test_a_worker_reports_its_kernel_path_and_it_is_shown_and_exported(client, s
     assert {s.labels["engine"]: (s.labels, s.value) for s in family.samples} == {
         "worker-1": ({"engine": "worker-1", "model": "fake-model", "model_path": "fake-model",
                       "cpu_path": cpu_path(),
-                      "dtype": "float32", "weight_dtype": "int4"}, 1.0),
+                      "dtype": "float32", "weight_dtype": "int4",
+                      "kv_dtype": "bfloat16"}, 1.0),
         "worker-2": ({"engine": "worker-2", "model": "fake-model", "model_path": "fake-model",
                       "cpu_path": "neon",
-                      "dtype": "bfloat16", "weight_dtype": "int8"}, 1.0),
+                      "dtype": "bfloat16", "weight_dtype": "int8", "kv_dtype": ""}, 1.0),
         "old-worker": ({"engine": "old-worker", "model": "fake-model", "model_path": "fake-model",
                       "cpu_path": "",
-                        "dtype": "", "weight_dtype": ""}, 1.0),
+                        "dtype": "", "weight_dtype": "", "kv_dtype": ""}, 1.0),
     }
 
 

@@ -168,8 +168,9 @@ def test_the_kernel_path_is_on_readyz_metrics_and_the_dashboard(workload, client
     device = engine.config.device.split(":")[0]
     path = cpu_path() if device == "cpu" else device
     want = {"cpu_path": path, "dtype": engine.config.dtype,
-            "weight_dtype": engine.config.weight_dtype}
-    assert want["weight_dtype"] != "auto"  # resolved when the engine was built
+            "weight_dtype": engine.config.weight_dtype, "kv_dtype": engine.config.kv_dtype}
+    # resolved when the engine was built
+    assert want["weight_dtype"] != "auto" and want["kv_dtype"] != "auto"
 
     model = client.get("/readyz").json()["checks"]["model"]
     assert {key: model[key] for key in want} == want
