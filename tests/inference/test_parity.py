@@ -125,18 +125,30 @@ def test_a_bf16_kv_cache_keeps_smollm2_within_the_agreement_bounds(smollm2_hf):
     assert agree >= 0.95 and kl <= 0.005, (agree, kl)
     assert (ours - ref).abs().max().item() > 0  # bf16 K/V do move the logits a little
 
-    prompts = [tok.apply_chat_template([{"role": "user", "content": p}],
-                                       add_generation_prompt=True, return_dict=False)
-               for p in PROMPTS[:4]]
-    params = SamplingParams(max_tokens=24, temperature=0)
+    same_with_cache_on_and_off(engine, chat_prompts(tok, PROMPTS[:4]), 24)
+
+
+def chat_prompts(tok, texts: list[str]) -> list[list[int]]:
+    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                    return_dict=False) for t in texts]
+
+
+def same_with_cache_on_and_off(engine: LLMEngine, prompts: list[list[int]], n: int,
+                               **config) -> list[list[int]]:
+    """The engine's greedy replies of n tokens, checked to be the same again over the
+    cached prompts and from a fresh engine without prefix caching (config: its other
+    EngineConfig fields, beside the fp32 dtype)."""
+    params = SamplingParams(max_tokens=n, temperature=0)
     engine.reset_prefix_cache()
     first = [o[0].token_ids for o in engine.generate(prompts, params)]
+    # Run again: now every prompt (but its last block) hits the cache.
     second = engine.generate(prompts, params)
     assert all(o[0].cached_tokens > 0 for o in second)
     assert [o[0].token_ids for o in second] == first
     no_cache = LLMEngine(EngineConfig(dtype="float32", num_blocks=256,
-                                      enable_prefix_caching=False))
+                                      enable_prefix_caching=False, **config))
     assert [o[0].token_ids for o in no_cache.generate(prompts, params)] == first
+    return first
 
 
 PROMPTS = [
@@ -153,23 +165,8 @@ PROMPTS = [
 
 @pytest.mark.model
 def test_greedy_generation_matches_transformers_with_cache_on_and_off(smollm2_engine, smollm2_hf):
-    tok = smollm2_engine.tokenizer
-    prompts = [
-        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                return_dict=False)
-        for p in PROMPTS
-    ]
-    params = SamplingParams(max_tokens=32, temperature=0)
-    smollm2_engine.reset_prefix_cache()
-    first = [o[0].token_ids for o in smollm2_engine.generate(prompts, params)]
-    # Run again: now every prompt (but its last block) hits the cache.
-    second = smollm2_engine.generate(prompts, params)
-    assert all(o[0].cached_tokens > 0 for o in second)
-    assert [o[0].token_ids for o in second] == first
-
-    no_cache = LLMEngine(EngineConfig(dtype="float32", num_blocks=256, enable_prefix_caching=False,
-                                      kv_dtype="float32"))
-    assert [o[0].token_ids for o in no_cache.generate(prompts, params)] == first
+    prompts = chat_prompts(smollm2_engine.tokenizer, PROMPTS)
+    first = same_with_cache_on_and_off(smollm2_engine, prompts, 32, kv_dtype="float32")
 
     for ids, ours in zip(prompts, first, strict=True):
         with torch.no_grad():
