@@ -111,21 +111,34 @@ def take_gguf_rows(model, layers: dict, weights: dict[str, QuantizedWeight]) -> 
     return taken
 
 
-def quantize_model(model, kind: str, cache_file: Path | None = None) -> bool:
-    """Give every linear layer of `model` (see LlamaForCausalLM.linear_layers) a
-    quantized copy of its weight, read from cache_file where it holds one; True when
-    it did. Call it before casting the model to its compute dtype, so the weights
-    are quantized from full precision."""
+def cached_weights(model, kind: str, cache_file: Path | None) -> dict[str, QuantizedWeight] | None:
+    """The quantized weights of `model`'s linear layers (see LlamaForCausalLM.linear_layers)
+    that cache_file holds, or None where it holds none that fit (no file, another
+    format, a corrupt one: quantize_model then rebuilds it). Only the layers' shapes
+    are read, so their weights need not be loaded yet."""
+    if kind not in QUANTIZED_DTYPES:
+        raise ValueError(f"unknown weight dtype {kind!r}; expected one of {QUANTIZED_DTYPES}")
+    if cache_file is None or not cache_file.exists():
+        return None
+    layers = model.linear_layers()
+    device = next(iter(layers.values())).weight.device
+    try:
+        return {n: qw.to(device) for n, qw in load_cached(cache_file, layers, kind).items()}
+    except Exception as exc:  # any unreadable or foreign file: rebuild it
+        log.warning("ignoring the quantized-weight cache %s: %s", cache_file, exc)
+        return None
+
+
+def quantize_model(model, kind: str, cache_file: Path | None = None,
+                   cached: dict[str, QuantizedWeight] | None = None) -> bool:
+    """Give every linear layer of `model` a quantized copy of its weight: `cached` (what
+    cached_weights read from cache_file), or else quantized from the layer's weight and
+    written to cache_file; True when the cache held them. Call it before casting the
+    model to its compute dtype, so the weights are quantized from full precision."""
     if kind not in QUANTIZED_DTYPES:
         raise ValueError(f"unknown weight dtype {kind!r}; expected one of {QUANTIZED_DTYPES}")
     layers = model.linear_layers()
-    device = next(iter(layers.values())).weight.device
-    weights = None
-    if cache_file is not None and cache_file.exists():
-        try:
-            weights = {n: qw.to(device) for n, qw in load_cached(cache_file, layers, kind).items()}
-        except Exception as exc:  # any unreadable or foreign file: rebuild it
-            log.warning("ignoring the quantized-weight cache %s: %s", cache_file, exc)
+    weights = cached
     hit = weights is not None
     if weights is None:
         weights = {name: quantize(layer.weight, layer_kind(name, kind))

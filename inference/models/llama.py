@@ -29,6 +29,11 @@ class Linear(nn.Linear):
     # (kernels.cpu_linear.linear runs them in C).
     keeps_plain: bool = False
 
+    def reset_parameters(self) -> None:
+        """No random initialisation: every weight comes from a checkpoint or a quantized
+        cache, and an untouched weight costs no resident memory until it is loaded
+        (one read back from the cache is never loaded at all)."""
+
     def set_quantized(self, qw: QuantizedWeight) -> None:
         if (qw.out_features, qw.in_features) != (self.out_features, self.in_features):
             raise ValueError(
@@ -248,8 +253,10 @@ class PagedCausalLM(nn.Module):
         return state
 
     @torch.no_grad()
-    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy transformers' weights in, fusing q/k/v and gate/up."""
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor], linear: bool = True) -> None:
+        """Copy transformers' weights in, fusing q/k/v and gate/up; linear=False leaves
+        the linear layers' weights (see linear_layers) out, for quantized copies read
+        from a cache (the checkpoint's pages of them are then never read)."""
         state = self.text_state(state)
 
         def take(name: str) -> torch.Tensor:
@@ -259,11 +266,11 @@ class PagedCausalLM(nn.Module):
 
         self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
         self.norm.weight.copy_(take("model.norm.weight"))
-        if not self.tie_word_embeddings:
+        if not self.tie_word_embeddings and linear:
             self.lm_head.weight.copy_(take("lm_head.weight"))
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
-            copy_attention_and_mlp(layer, take, p)
+            copy_attention_and_mlp(layer, take, p, linear)
             for norm in self.layer_norms:
                 getattr(layer, norm).weight.copy_(take(p + norm + ".weight"))
 
@@ -410,21 +417,23 @@ class LlamaForCausalLM(PagedCausalLM):
 
 
 @torch.no_grad()
-def copy_attention_and_mlp(layer: nn.Module, take, prefix: str) -> None:
+def copy_attention_and_mlp(layer: nn.Module, take, prefix: str, linear: bool = True) -> None:
     """Copy one decoder layer's attention and MLP weights from transformers' names
-    (take(name) -> tensor), fusing q/k/v and gate/up."""
+    (take(name) -> tensor), fusing q/k/v and gate/up; linear=False copies the biases
+    and norms only."""
     attn = layer.self_attn
-    attn.qkv_proj.weight.copy_(torch.cat([take(f"{prefix}self_attn.{x}_proj.weight")
-                                          for x in "qkv"]))
+    if linear:
+        attn.qkv_proj.weight.copy_(torch.cat([take(f"{prefix}self_attn.{x}_proj.weight")
+                                              for x in "qkv"]))
+        attn.o_proj.weight.copy_(take(prefix + "self_attn.o_proj.weight"))
+        layer.mlp.gate_up_proj.weight.copy_(torch.cat([take(prefix + "mlp.gate_proj.weight"),
+                                                       take(prefix + "mlp.up_proj.weight")]))
+        layer.mlp.down_proj.weight.copy_(take(prefix + "mlp.down_proj.weight"))
     if attn.qkv_proj.bias is not None:
         attn.qkv_proj.bias.copy_(torch.cat([take(f"{prefix}self_attn.{x}_proj.bias")
                                             for x in "qkv"]))
-    attn.o_proj.weight.copy_(take(prefix + "self_attn.o_proj.weight"))
     if attn.o_proj.bias is not None:
         attn.o_proj.bias.copy_(take(prefix + "self_attn.o_proj.bias"))
     if attn.qk_norm:
         attn.q_norm.weight.copy_(take(prefix + "self_attn.q_norm.weight"))
         attn.k_norm.weight.copy_(take(prefix + "self_attn.k_norm.weight"))
-    layer.mlp.gate_up_proj.weight.copy_(torch.cat([take(prefix + "mlp.gate_proj.weight"),
-                                                   take(prefix + "mlp.up_proj.weight")]))
-    layer.mlp.down_proj.weight.copy_(take(prefix + "mlp.down_proj.weight"))

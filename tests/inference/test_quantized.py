@@ -177,6 +177,32 @@ def test_the_cache_file_is_written_once_and_read_back(tiny_model, tmp_path, monk
     assert quality.replies(second, prompts, 12) == quality.replies(first, prompts, 12)
 
 
+def test_a_cache_hit_reads_no_linear_weight_from_the_checkpoint(tiny_model, tmp_path):
+    """Weights the quantized cache holds are never read from the checkpoint (so its pages
+    of them are never touched, and loading an int4 engine peaks near its running
+    size), and the runner lets the checkpoint's tensors go before it allocates the KV
+    pool. Without the cache the same checkpoint is short of weights."""
+    from inference.loader import load_weights
+    from inference.model_runner import ModelRunner
+
+    def config(cache_dir):
+        return EngineConfig(model=str(tiny_model), dtype="float32", num_blocks=64,
+                            weight_dtype="int4", model_cache_dir=str(cache_dir))
+
+    first = tiny_engine(tiny_model, tmp_path, "int4")
+    weights = load_weights(tiny_model)
+    state = {n: t for n, t in weights.state_dict.items() if not n.endswith("_proj.weight")}
+    assert len(state) < len(weights.state_dict)
+    with pytest.raises(KeyError, match="_proj.weight"):
+        ModelRunner(config(tmp_path / "empty"), weights.config, dict(state))
+    runner = ModelRunner(config(tmp_path), weights.config, state)
+    assert state == {}
+    want = first.runner.model.linear_layers()
+    for name, layer in runner.model.linear_layers().items():
+        assert torch.equal(layer.quantized.data, want[name].quantized.data)
+        assert layer.weight.numel() == 0  # only the quantized copy is kept
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign", "other_dtype"])
 def test_a_corrupt_or_foreign_cache_file_is_ignored_and_rebuilt(tiny_model, tmp_path, damage):
     from safetensors.torch import save_file
