@@ -22,6 +22,7 @@ from bench import cli
 from bench.engine_runs import decode_figures, engine_config, greedy, run_engine
 from bench.report import progress_log, write_json
 from inference.llm_engine import LLMEngine
+from inference.model_runner import kv_bytes_per_block
 from kernels.cpu_features import cpu_path
 
 log = progress_log("bench kv-dtype")
@@ -78,8 +79,8 @@ def main(argv: list[str] | None = None) -> dict:
             results.append({
                 "weight_dtype": engine.config.weight_dtype, "kv_dtype": kv_dtype,
                 "context": n, "decode_tokens_per_s": statistics.median(values),
-                "rounds": values, "kv_bytes_per_token": engine.runner.kv_cache[:, :, 0, 0]
-                .nbytes * engine.runner.kv_groups.num_groups})
+                "rounds": values, "kv_bytes_per_token": kv_bytes_per_block(
+                    engine.model_config, 1, engine.runner.kv_dtype)})
         del engines
     print(f"kernel path: {cpu_path()}")
     print(f"{'weights':8s} {'KV':>9s} {'context':>8s} {'decode tok/s':>13s} {'KV B/token':>11s}")

@@ -72,7 +72,7 @@ class ModelRunner:
         # The kernel path (kernels.cpu_features) the engine took, for logs and metrics.
         self.cpu_path = cpu_path() if self.device.type == "cpu" else self.device.type
         log.info("kernel path: %s (%s activations, %s weights, %s KV cache)", self.cpu_path,
-                 config.dtype, config.weight_dtype, str(self.kv_dtype).removeprefix("torch."))
+                 config.dtype, config.weight_dtype, config.kv_dtype)
         self.kv_groups = kv_groups(model_windows(self.model), config.sliding_window_kv)
         # Each layer's (group, slot in its group's pages), for GroupedMetadata.
         places = [self.kv_groups.place(i) for i in range(self.kv_groups.num_layers)]

@@ -189,7 +189,7 @@ static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, in
     uint16_t *v16 = malloc((size_t)(blocks * block_size * token) * sizeof(uint16_t));
     for (int64_t i = 0; i < blocks * block_size * token; i++) {
         k[i] = uniform(), v[i] = uniform();
-        k16[i] = to_bf16(&k[i]), v16[i] = to_bf16(&v[i]);
+        if (bf16) k16[i] = to_bf16(&k[i]), v16[i] = to_bf16(&v[i]);
     }
     for (int64_t i = 0; i < heads * head_dim; i++) q[i] = uniform();
     for (int64_t b = 0; b < blocks; b++) table[b] = blocks - 1 - b; /* out of order */

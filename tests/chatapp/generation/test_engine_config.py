@@ -16,6 +16,16 @@ def test_weight_dtype_and_packing_reach_the_engine(settings):
     assert engine_config().pack_weights is False
 
 
+def test_the_kv_dtype_reaches_the_engine(settings):
+    settings.LLM_DTYPE = "float32"  # fp32 K/V under fp32 compute, on any host
+    settings.LLM_KV_DTYPE = "float32"
+    assert engine_config().kv_dtype == "float32"
+    settings.LLM_KV_DTYPE = None  # unset: the engine's own choice
+    from inference import EngineConfig
+
+    assert engine_config().kv_dtype == EngineConfig().kv_dtype == "auto"
+
+
 def test_unset_sizes_leave_the_engines_defaults(settings):
     from inference import EngineConfig
 
