@@ -206,7 +206,9 @@ def test_stop_on_the_page_reaches_the_worker(cluster, alice):
 
 async def start_and_wait_for_a_delta(cluster: Cluster, conversation, reply, queue: str) -> None:
     """Queue the reply's task on `queue` and return once its first delta streamed."""
-    layer = RedisChannelLayer(hosts=[cluster.broker_url])
+    # As in settings: redis-py's 5 s read timeout equals BZPOPMIN's wait, so a first
+    # delta slower than 5 s (a loaded host) would time the idle socket out.
+    layer = RedisChannelLayer(hosts=[{"address": cluster.broker_url, "socket_timeout": 30}])
     channel = await layer.new_channel()
     await layer.group_add(conversation.group_name, channel)
     cluster.send_task(reply.pk, queue)
