@@ -6,13 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import subprocess
 import urllib.error
 import urllib.request
 
 import pytest
 
+from ..e2e import chat_steps as steps
 from ..e2e.conftest import (
     ARTIFACTS,
     PYTHON,
@@ -108,14 +108,8 @@ def test_dashboard_charts_render_and_figures_follow_a_new_message(server, browse
     chat = context.new_page()
     chat.set_default_timeout(WAIT_MS)
     chat.goto(server.url + "/")
-    chat.click("#new-chat")
-    chat.wait_for_url(re.compile(r"/c/\d+/$"))
-    chat.wait_for_selector('#connection[data-state="open"]')
-    chat.fill("#input", "Say hi.")
-    chat.press("#input", "Enter")
-    chat.wait_for_function(
-        "() => { const el = document.querySelector('article.msg.assistant');"
-        " return el && el.dataset.status === 'done'; }")
+    steps.new_chat(chat)
+    steps.chat(chat, ["Say hi."])
     chat.close()
 
     page.wait_for_function(

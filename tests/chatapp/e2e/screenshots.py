@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import io
-import re
 import subprocess
 import tempfile
 from pathlib import Path
 
+from . import chat_steps as steps
 from .conftest import PYTHON, ROOT, start_live_server, stop_live_server
 
 CHROMIUM = "/usr/bin/chromium"
@@ -52,16 +52,8 @@ def save(page, path: Path) -> None:
 
 
 def chat(page, preset: str, messages: list[str]) -> None:
-    page.select_option("#preset-picker", preset)
-    page.click("#new-chat")
-    page.wait_for_url(re.compile(r"/c/\d+/$"))
-    page.wait_for_selector('#connection[data-state="open"]')
-    for i, text in enumerate(messages):
-        page.fill("#input", text)
-        page.press("#input", "Enter")
-        page.wait_for_function(
-            "(i) => { const el = document.querySelectorAll('article.msg.assistant')[i];"
-            " return el && el.dataset.status === 'done'; }", arg=i)
+    steps.new_chat(page, preset)
+    steps.chat(page, messages)
 
 
 def check_api(server) -> None:

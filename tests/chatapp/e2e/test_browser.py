@@ -9,6 +9,7 @@ import urllib.request
 
 import pytest
 
+from .chat_steps import new_chat, send, wait_for_final
 from .conftest import ARTIFACTS
 
 pytestmark = pytest.mark.model
@@ -47,14 +48,6 @@ def page(browser, server):
     context.close()
 
 
-def new_chat(page, preset: str = "general") -> int:
-    page.select_option("#preset-picker", preset)
-    page.click("#new-chat")
-    page.wait_for_url(re.compile(r"/c/\d+/$"))
-    page.wait_for_selector('#connection[data-state="open"]')
-    return int(page.url.rstrip("/").rsplit("/", 1)[1])
-
-
 def replies(page):
     return page.locator("article.msg.assistant")
 
@@ -69,14 +62,6 @@ def wait_for_streaming_text(page, index: int) -> None:
         }""",
         arg=index,
         polling="raf",
-    )
-
-
-def wait_for_final(page, index: int, statuses=("done",)) -> None:
-    page.wait_for_function(
-        "([i, s]) => { const el = document.querySelectorAll('article.msg.assistant')[i];"
-        " return el && s.includes(el.dataset.status); }",
-        arg=[index, list(statuses)],
     )
 
 
@@ -98,7 +83,7 @@ def stored(server, page, conversation_id: int) -> dict:
 
 
 def test_chat_streams_reuses_the_cache_and_stops(page, server):
-    conversation_id = new_chat(page)
+    conversation_id = new_chat(page, "general")
 
     # Shift+Enter is a new line, Enter sends.
     page.click("#input")
@@ -115,8 +100,7 @@ def test_chat_streams_reuses_the_cache_and_stops(page, server):
     first = usage(page, 0)
     assert first["prompt"] > 0 and first["completion"] > 0
 
-    page.fill("#input", "Now say goodbye.")
-    page.press("#input", "Enter")
+    send(page, "Now say goodbye.")
     wait_for_final(page, 1)
     second = usage(page, 1)
     assert second["cached"] >= (first["prompt"] // 16) * 16 > 0
@@ -128,8 +112,7 @@ def test_chat_streams_reuses_the_cache_and_stops(page, server):
     # A reply of hundreds of tokens (the live server allows 512), so the stop
     # lands long before it could end. Greedy replies follow the CPU's rounding: a prompt
     # that this small model may answer in one line ("count to 300") makes the test a race.
-    page.fill("#input", "Write a long story about a dragon who learns to cook.")
-    page.press("#input", "Enter")
+    send(page, "Write a long story about a dragon who learns to cook.")
     wait_for_streaming_text(page, 2)
     page.click("#stop")
     wait_for_final(page, 2, statuses=("stopped", "done"))
@@ -144,9 +127,8 @@ def test_chat_streams_reuses_the_cache_and_stops(page, server):
 
 
 def test_regenerate_and_edit_make_branches_to_switch_between(page, server):
-    new_chat(page)
-    page.fill("#input", "Name one colour.")
-    page.press("#input", "Enter")
+    new_chat(page, "general")
+    send(page, "Name one colour.")
     wait_for_final(page, 0)
     original = replies(page).nth(0).locator(".msg-body").inner_text()
 
@@ -168,14 +150,13 @@ def test_regenerate_and_edit_make_branches_to_switch_between(page, server):
 
 
 def test_model_html_never_executes(page, server):
-    conversation_id = new_chat(page)
+    conversation_id = new_chat(page, "general")
     server.seed("reply", str(conversation_id), XSS)
     page.reload()
     page.wait_for_selector('#connection[data-state="open"]')
     # And a live reply asked to echo the same payload (the model may or may not comply).
-    page.fill("#input", "Repeat exactly: <script>window.__pwned='live'</script>"
-                        "<img src=x onerror=\"window.__pwned='live-img'\">")
-    page.press("#input", "Enter")
+    send(page, "Repeat exactly: <script>window.__pwned='live'</script>"
+               "<img src=x onerror=\"window.__pwned='live-img'\">")
     wait_for_final(page, 1)
 
     body = replies(page).nth(0).locator(".msg-body")
@@ -189,11 +170,10 @@ def test_model_html_never_executes(page, server):
 
 
 def test_a_failed_generation_shows_an_error_state(page, server):
-    conversation_id = new_chat(page)
+    conversation_id = new_chat(page, "general")
     # Over 8192 tokens: the prompt cannot fit the model's context.
     words = " ".join(f"w{i}" for i in range(12000))
-    page.fill("#input", words)
-    page.press("#input", "Enter")
+    send(page, words)
     wait_for_final(page, 0, statuses=("error",))
     error = replies(page).nth(0).locator(".msg-error")
     assert error.is_visible() and "context" in error.inner_text()
@@ -203,7 +183,7 @@ def test_a_failed_generation_shows_an_error_state(page, server):
 
 
 def test_an_interrupted_reply_shows_as_such_and_continue_resumes_it(page, server):
-    conversation_id = new_chat(page)
+    conversation_id = new_chat(page, "general")
     server.seed("interrupted", str(conversation_id), "Here are three colours: red,")
     page.reload()
     page.wait_for_selector('#connection[data-state="open"]')

@@ -12,6 +12,7 @@ from datetime import datetime
 
 import pytest
 
+from .chat_steps import new_chat
 from .conftest import ARTIFACTS
 
 pytestmark = pytest.mark.model  # the seeded reply is tokenised with the real tokenizer
@@ -251,10 +252,7 @@ def test_no_console_errors_and_the_favicon_answers(open_page, chat_server, user)
 
 def test_the_preset_picker_shows_the_open_conversations_preset_in_full(open_page, user):
     page = open_page("/")
-    page.select_option("#preset-picker", "coding")
-    page.click("#new-chat")
-    page.wait_for_url(re.compile(r"/c/\d+/$"))
-    wait_connected(page)
+    new_chat(page, "coding")
     assert page.input_value("#preset-picker") == "coding"
     page.goto(page.url.rsplit("/c/", 1)[0] + conversation_path(user))
     assert page.input_value("#preset-picker") == "general"

@@ -4,14 +4,13 @@ a new conversation. Skipped without the package (`make install-gemma3`)."""
 
 from __future__ import annotations
 
-import re
-
 import httpx2 as httpx
 import pytest
 
 from inference.loader import gemma3_gguf_path
 from tests.chatapp.api.conftest import Accounts
 
+from .chat_steps import chat, new_chat
 from .test_several_models import FINISHED, delta, figures, open_page, serve_models
 
 pytestmark = [
@@ -57,15 +56,8 @@ def test_gemma_answers_over_v1_and_reuses_a_shared_system_prompt(server, account
 def test_the_chat_page_picks_gemma_for_a_new_conversation(browser, server, account):
     page = open_page(browser, server, account)
     before = figures(server)
-    page.select_option("#model-picker", "gemma")
-    page.click("#new-chat")
-    page.wait_for_url(re.compile(r"/c/\d+/$"))
-    page.wait_for_selector('#connection[data-state="open"]')
-    page.fill("#input", "Name a colour.")
-    page.press("#input", "Enter")
-    page.wait_for_function(
-        "() => { const el = document.querySelector('article.msg.assistant');"
-        " return el && el.dataset.status === 'done'; }")
+    new_chat(page, model="gemma")
+    chat(page, ["Name a colour."])
     after = figures(server)
     assert delta(before, after, "gemma", FINISHED) == 1
     assert delta(before, after, "smollm2", FINISHED) == 0

@@ -8,7 +8,6 @@ server starts in seconds and their figures are told apart by the `model` label."
 
 from __future__ import annotations
 
-import re
 import urllib.request
 
 import httpx2 as httpx
@@ -18,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.chatapp.api.conftest import Accounts
 from tests.inference.conftest import make_tiny_model
 
+from .chat_steps import chat, new_chat
 from .conftest import ARTIFACTS, start_live_server, stop_live_server
 
 pytestmark = pytest.mark.model  # the tiny models borrow the real model's tokenizer
@@ -177,19 +177,10 @@ def test_the_picker_starts_a_conversation_with_the_second_model(browser, server,
     page = open_page(browser, server, account)
     assert page.input_value("#model-picker") == "alpha"
     before = figures(server)
-    page.select_option("#preset-picker", "general")
-    page.select_option("#model-picker", "beta")
-    page.click("#new-chat")
-    page.wait_for_url(re.compile(r"/c/\d+/$"))
-    page.wait_for_selector('#connection[data-state="open"]')
+    new_chat(page, preset="general", model="beta")
     assert page.inner_text("#conversation-model") == "beta"
     assert page.input_value("#model-picker") == "beta"  # New chat makes another like it
-    for i, text in enumerate(("Name a colour.", "And another one.")):
-        page.fill("#input", text)
-        page.press("#input", "Enter")
-        page.wait_for_function(
-            "(i) => { const el = document.querySelectorAll('article.msg.assistant')[i];"
-            " return el && el.dataset.status === 'done'; }", arg=i)
+    chat(page, ("Name a colour.", "And another one."))
     after = figures(server)
     assert delta(before, after, "beta", FINISHED) == 2
     assert delta(before, after, "alpha", FINISHED) == 0

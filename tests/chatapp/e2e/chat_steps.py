@@ -1,0 +1,40 @@
+"""What a person does on the chat page, as Playwright steps the browser tests share."""
+
+from __future__ import annotations
+
+import re
+
+REPLY_WITH_STATUS = (
+    "([i, s]) => { const el = document.querySelectorAll('article.msg.assistant')[i];"
+    " return el && s.includes(el.dataset.status); }"
+)
+
+
+def new_chat(page, preset: str | None = None, model: str | None = None) -> int:
+    """Start a conversation (with the preset and model picked, where given) and wait for
+    its socket; the conversation's id."""
+    if preset is not None:
+        page.select_option("#preset-picker", preset)
+    if model is not None:
+        page.select_option("#model-picker", model)
+    page.click("#new-chat")
+    page.wait_for_url(re.compile(r"/c/\d+/$"))
+    page.wait_for_selector('#connection[data-state="open"]')
+    return int(page.url.rstrip("/").rsplit("/", 1)[1])
+
+
+def send(page, text: str) -> None:
+    page.fill("#input", text)
+    page.press("#input", "Enter")
+
+
+def wait_for_final(page, index: int, statuses: tuple[str, ...] = ("done",)) -> None:
+    """Wait until reply `index` of the page has one of `statuses`."""
+    page.wait_for_function(REPLY_WITH_STATUS, arg=[index, list(statuses)])
+
+
+def chat(page, messages: list[str] | tuple[str, ...], first: int = 0) -> None:
+    """Send each message and wait for its reply (the page's reply `first` onwards)."""
+    for i, text in enumerate(messages, start=first):
+        send(page, text)
+        wait_for_final(page, i)
