@@ -42,7 +42,7 @@ and then, taking turns, llama-server first:
           tokens (ignore_eos where the server honours it): decode tokens/s = 1 / TPOT
           p50 over the rounds, and each round's ratio (the host's load drifts over
           minutes; back-to-back requests share it)
-  cold    3 rounds of one request each, a 512-token prompt new to the server (the
+  cold    5 rounds of one request each, a 512-token prompt new to the server (the
           system prompt opens with the round's number, which no other prompt of the
           run opens with: no prefix cache holds any of it beyond the chat template's
           first tokens), alone on it, 4 reply tokens (ignore_eos as above): cold
@@ -117,8 +117,10 @@ class Sizes:
     prefix_reply_tokens: int = 16
     # fresh / warm pairs in all: the just-started server's, then new system prompts.
     prefix_rounds: int = 3
-    # Single requests on a prompt new to the server, after the decode rounds.
-    cold_rounds: int = 3
+    # Single requests on a prompt new to the server, after the decode rounds. Five: on a
+    # shared 2-core VM one 512-token prefill ranges 1.0-1.7 s from round to round, and a
+    # median of three moved the ratio by a third between runs.
+    cold_rounds: int = 5
     cold_reply_tokens: int = 4
 
 

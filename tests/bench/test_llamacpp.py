@@ -377,7 +377,7 @@ def test_cold_prompts_are_new_to_the_server(tokenizer):
     """Each cold round's prompt is system_tokens long and opens with what no other
     prompt of the run opens with: not another round's, not any other phase's."""
     sizes = dataclasses.replace(lc.Sizes(), cold_rounds=12)
-    assert (lc.Sizes().cold_rounds, lc.QUICK.cold_rounds) == (3, 1)
+    assert (lc.Sizes().cold_rounds, lc.QUICK.cold_rounds) == (5, 1)
     colds = [lc.cold_workload(sizes, 0, r, tokenizer) for r in range(sizes.cold_rounds)]
     for r, work in enumerate(colds):
         assert work.name == "cold" and work.num_requests == 1
