@@ -41,15 +41,17 @@ test: install
 	# torch thread per process keeps pytest and its live servers from fighting over two cores.
 	LLM_PRELOAD=0 DASHBOARD_SAMPLE_INTERVAL_S=0 CHAT_ORPHAN_SWEEP_S=0 OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
-# The kernel and engine tests on a lesser kernel path than this CPU's best, with torch's
-# and oneDNN's own kernels brought down to it (kernels/cpu_features.py): an AVX512 host
-# runs what an AVX2-only one (or, with test-generic, any other CPU) would.
-AVX2_ENV := PREFIXCHAT_CPU_PATH=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+# The kernel and engine tests on a lesser kernel path than this CPU's best, with torch's,
+# oneDNN's and MKL's own kernels brought down to it (LIBRARY_ENV in kernels/cpu_features.py):
+# an AVX512 host runs what an AVX2-only one (or, with test-generic, any other CPU) would.
+AVX2_ENV := PREFIXCHAT_CPU_PATH=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+	MKL_ENABLE_INSTRUCTIONS=AVX2
 test-avx2: install
 	$(AVX2_ENV) $(MAKE) test PYTEST_ARGS="$(or $(PYTEST_ARGS),tests/kernels tests/inference)"
 
 test-generic: install
 	PREFIXCHAT_CPU_PATH=generic ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 \
+		MKL_ENABLE_INSTRUCTIONS=SSE4_2 \
 		$(MAKE) test PYTEST_ARGS="$(or $(PYTEST_ARGS),tests/kernels)"
 
 # The fp32 kernels' C test built for ARM64 (NEON) with Debian's cross compiler and run

@@ -9,7 +9,7 @@ compact cache); where the path computes in bf16, the bf16 engine alone. At each 
 length, one sequence's prompt of that many tokens is cached first, then a prompt one
 token longer decodes --new-tokens greedy tokens: tokens/s after the first, the median
 over --rounds rounds in which the engines take turns. Also the KV bytes a token costs.
-Set PREFIXCHAT_CPU_PATH (with ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA) to measure a
+Set PREFIXCHAT_CPU_PATH (with kernels.cpu_features.LIBRARY_ENV's variables) to measure a
 lesser path.
 """
 

@@ -11,7 +11,7 @@ llama-server into a cache folder (see bench/llamacpp_build.py; skipped when buil
 engine's AVX2 path on an AVX512 host:
 
     PREFIXCHAT_CPU_PATH=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
-        python -m bench llamacpp compare --isa avx2
+        MKL_ENABLE_INSTRUCTIONS=AVX2 python -m bench llamacpp compare --isa avx2
 
 Our server inherits this environment; the JSON's `kernel_path` names the path it took
 (its /readyz `cpu_path`, else kernels.cpu_features evaluated here with the same
@@ -546,6 +546,9 @@ def kernel_path_info(
             "figures approximate a CPU that has only this path (memory bandwidth, caches "
             "and clocks stay this host's)"
         )
+        if unset := cf.missing_library_env(info["requested"], env):
+            # Uncapped, MKL's GEMMs keep an Intel host's AVX512: prefill looks faster.
+            info["libraries_not_capped"] = " ".join(f"{k}={v}" for k, v in unset.items())
     if mismatch := kernel_path_mismatch(ours, isa, detected):
         info["mismatch"] = mismatch
     return info
@@ -557,7 +560,7 @@ def kernel_path_mismatch(ours: str, isa: str, detected: str | None) -> str | Non
     if isa == "avx2" and ours != "avx2":
         return (
             f"llama.cpp is the AVX2 build but ours took {ours}: set {cf.ENV}=avx2 "
-            "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"
+            + " ".join(f"{k}={v}" for k, v in cf.LIBRARY_ENV["avx2"].items())
         )
     if isa == "native" and ours == "avx2" and detected not in (None, "avx2"):
         return f"ours took avx2 but llama.cpp is the native ({detected}) build: pass --isa avx2"

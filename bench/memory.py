@@ -8,7 +8,7 @@ Each server starts alone on a fresh database, replays bench/serve.py's multi-tur
 workload (all conversations at once), and its VmRSS (resident now) and VmHWM (its
 peak) are read from /proc. The KV pool is the same size in bytes for every dtype
 (kv_cache_memory_bytes), so the differences are the weights'. Set
-PREFIXCHAT_CPU_PATH (with ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA) to measure a
+PREFIXCHAT_CPU_PATH (with kernels.cpu_features.LIBRARY_ENV's variables) to measure a
 lesser path.
 """
 

@@ -12,9 +12,11 @@ architecture:
 
 ``PREFIXCHAT_CPU_PATH`` forces a lesser path on a CPU that has a better one (an
 AVX512 host can run the AVX2 and generic paths; a path the CPU lacks is refused
-with a warning). Pair it with torch's ``ATEN_CPU_CAPABILITY`` and oneDNN's
-``ONEDNN_MAX_CPU_ISA``, set before torch is imported, to bring torch's own kernels
-down to the same level (``make test-avx2`` does).
+with a warning). Pair it with the variables of ``LIBRARY_ENV`` (torch's
+``ATEN_CPU_CAPABILITY``, oneDNN's ``ONEDNN_MAX_CPU_ISA``, MKL's
+``MKL_ENABLE_INSTRUCTIONS``), set before torch is imported, to bring the libraries'
+own kernels down to the same level (``make test-avx2`` does); a forced path without
+them is logged.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+from collections.abc import Mapping
 from functools import cache
 
 log = logging.getLogger(__name__)
@@ -31,6 +34,15 @@ ENV = "PREFIXCHAT_CPU_PATH"
 # The flags each x86 path's kernels are compiled for.
 AVX512_BF16_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
 AVX2_FLAGS = frozenset({"avx2", "fma", "f16c"})
+# What brings the libraries' own kernels down to a forced path; each is read once, when
+# the library loads. MKL's matters most: it runs every fp32 GEMM (the fp32 paths'
+# prefill), and uncapped it keeps an Intel host's AVX512 on the forced AVX2 path.
+LIBRARY_ENV = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "generic": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+}
 
 
 @cache
@@ -85,7 +97,20 @@ def cpu_path() -> str:
     if not runs_path(forced):
         log.warning("%s=%s: this CPU cannot run it; taking %s", ENV, forced, best)
         return best
+    unset = missing_library_env(forced)
+    if unset:
+        log.warning("%s=%s without %s: the libraries' own kernels keep this CPU's best "
+                    "instructions", ENV, forced,
+                    " ".join(f"{k}={v}" for k, v in unset.items()))
     return forced
+
+
+def missing_library_env(path: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of LIBRARY_ENV[path] that `env` (this process's) lacks or sets
+    otherwise, with the values they should have; empty where none is wanted."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in LIBRARY_ENV.get(path, {}).items()
+            if env.get(k, "").strip().lower() != v.lower()}
 
 
 def has_native_bf16() -> bool:

@@ -797,6 +797,9 @@ def test_kernel_path_info_says_when_ours_was_forced():
         "requested": "avx2",
     }  # fmt: skip
     assert "approximat" in kp["note"] and "mismatch" not in kp
+    assert "MKL_ENABLE_INSTRUCTIONS=AVX2" in kp["libraries_not_capped"]
+    capped = {cf.ENV: "avx2", **cf.LIBRARY_ENV["avx2"]}
+    assert "libraries_not_capped" not in lc.kernel_path_info("avx2", "avx2", capped, "readyz")
     for env in ({}, {cf.ENV: "auto"}, {cf.ENV: ""}):
         kp = lc.kernel_path_info("avx512-bf16", "native", env, "local", "avx512-bf16")
         assert kp == {"ours": "avx512-bf16", "llamacpp": "native", "forced": False,
@@ -807,7 +810,8 @@ def test_kernel_path_mismatch():
     assert lc.kernel_path_mismatch("avx2", "avx2", "avx512-bf16") is None
     assert lc.kernel_path_mismatch("avx512-bf16", "native", "avx512-bf16") is None
     assert lc.kernel_path_mismatch("avx2", "native", "avx2") is None  # native is AVX2 there
-    assert "PREFIXCHAT_CPU_PATH=avx2" in lc.kernel_path_mismatch("avx512-bf16", "avx2", None)
+    told = lc.kernel_path_mismatch("avx512-bf16", "avx2", None)
+    assert "PREFIXCHAT_CPU_PATH=avx2" in told and "MKL_ENABLE_INSTRUCTIONS=AVX2" in told
     assert "--isa avx2" in lc.kernel_path_mismatch("avx2", "native", "avx512-bf16")
 
 

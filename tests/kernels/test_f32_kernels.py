@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,8 @@ from kernels import quant_linear as ql
 from kernels.cpu_features import cpu_path
 
 pytestmark = pytest.mark.skipif(c_build.compiler() is None, reason="needs a C compiler")
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def weight(out: int, inp: int, seed: int = 0) -> torch.Tensor:
@@ -151,6 +155,41 @@ def test_a_forced_path_is_taken_where_the_cpu_runs_it(fresh_path, caplog):
     with caplog.at_level(logging.WARNING, logger="kernels.cpu_features"):
         assert cpu_features.cpu_path() == best
     assert "not one of" in caplog.text
+
+
+def test_a_forced_path_without_the_libraries_caps_is_logged(fresh_path, caplog):
+    fresh_path.setattr(cpu_features, "cpu_flags",
+                       lambda: cpu_features.AVX512_BF16_FLAGS | cpu_features.AVX2_FLAGS)
+    fresh_path.setattr(cpu_features, "is_arm64", lambda: False)
+    for name in cpu_features.LIBRARY_ENV["avx2"]:
+        fresh_path.delenv(name, raising=False)
+    fresh_path.setenv(cpu_features.ENV, "avx2")
+    with caplog.at_level(logging.WARNING, logger="kernels.cpu_features"):
+        assert cpu_features.cpu_path() == "avx2"
+    assert "MKL_ENABLE_INSTRUCTIONS=AVX2" in caplog.text
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in caplog.text
+    caplog.clear()
+    cpu_features.cpu_path.cache_clear()
+    for name, value in cpu_features.LIBRARY_ENV["avx2"].items():
+        fresh_path.setenv(name, value.lower())  # the libraries take either case
+    with caplog.at_level(logging.WARNING, logger="kernels.cpu_features"):
+        assert cpu_features.cpu_path() == "avx2"
+    assert caplog.text == ""
+    assert cpu_features.missing_library_env("avx512-bf16", {}) == {}
+
+
+@pytest.mark.parametrize("target, path", [("test-avx2", "avx2"), ("test-generic", "generic")])
+def test_make_forces_each_path_with_every_library_cap(target, path):
+    """`make -n` prints the commands, recursive ones included, and runs none."""
+    # Under `make test` the outer make's flags and variables would reach this one.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    done = subprocess.run(["make", "-n", "-o", ".venv/.installed", "--no-print-directory",
+                           target], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.replace("\\\n", " ").splitlines()
+    line = next(x for x in lines if f"PREFIXCHAT_CPU_PATH={path}" in x)
+    given = dict(w.split("=", 1) for w in line.split() if "=" in w and w[0].isupper())
+    assert cpu_features.missing_library_env(path, given) == {}, line
 
 
 def test_a_path_the_cpu_lacks_is_refused(fresh_path, caplog):
