@@ -548,7 +548,7 @@ def kernel_path_info(
         )
         if unset := cf.missing_library_env(info["requested"], env):
             # Uncapped, MKL's GEMMs keep an Intel host's AVX512: prefill looks faster.
-            info["libraries_not_capped"] = " ".join(f"{k}={v}" for k, v in unset.items())
+            info["libraries_not_capped"] = cf.assignments(unset)
     if mismatch := kernel_path_mismatch(ours, isa, detected):
         info["mismatch"] = mismatch
     return info
@@ -560,7 +560,7 @@ def kernel_path_mismatch(ours: str, isa: str, detected: str | None) -> str | Non
     if isa == "avx2" and ours != "avx2":
         return (
             f"llama.cpp is the AVX2 build but ours took {ours}: set {cf.ENV}=avx2 "
-            + " ".join(f"{k}={v}" for k, v in cf.LIBRARY_ENV["avx2"].items())
+            + cf.assignments(cf.LIBRARY_ENV["avx2"])
         )
     if isa == "native" and ours == "avx2" and detected not in (None, "avx2"):
         return f"ours took avx2 but llama.cpp is the native ({detected}) build: pass --isa avx2"

@@ -52,7 +52,7 @@ class ModelRunner:
         kind = self.stored_kind(config)
         # bf16 storage is a cast, cheaper than reading a cache file back.
         cache_file = None if kind in (None, "bf16") else quantized_cache_file(config)
-        cached = cached_weights(model, kind, cache_file) if cache_file else None
+        cached = cached_weights(model, kind, cache_file)
         # Weights the cache holds are never read from the checkpoint.
         model.load_hf_state_dict(state_dict, linear=cached is None)
         if kind is not None:

@@ -116,10 +116,10 @@ def cached_weights(model, kind: str, cache_file: Path | None) -> dict[str, Quant
     that cache_file holds, or None where it holds none that fit (no file, another
     format, a corrupt one: quantize_model then rebuilds it). Only the layers' shapes
     are read, so their weights need not be loaded yet."""
-    if kind not in QUANTIZED_DTYPES:
-        raise ValueError(f"unknown weight dtype {kind!r}; expected one of {QUANTIZED_DTYPES}")
     if cache_file is None or not cache_file.exists():
         return None
+    if kind not in QUANTIZED_DTYPES:
+        raise ValueError(f"unknown weight dtype {kind!r}; expected one of {QUANTIZED_DTYPES}")
     layers = model.linear_layers()
     device = next(iter(layers.values())).weight.device
     try:

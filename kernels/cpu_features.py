@@ -100,9 +100,13 @@ def cpu_path() -> str:
     unset = missing_library_env(forced)
     if unset:
         log.warning("%s=%s without %s: the libraries' own kernels keep this CPU's best "
-                    "instructions", ENV, forced,
-                    " ".join(f"{k}={v}" for k, v in unset.items()))
+                    "instructions", ENV, forced, assignments(unset))
     return forced
+
+
+def assignments(env: Mapping[str, str]) -> str:
+    """'A=1 B=2', as a shell command line sets them."""
+    return " ".join(f"{k}={v}" for k, v in env.items())
 
 
 def missing_library_env(path: str, env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -19,8 +19,13 @@ def new_chat(page, preset: str | None = None, model: str | None = None) -> int:
         page.select_option("#model-picker", model)
     page.click("#new-chat")
     page.wait_for_url(re.compile(r"/c/\d+/$"))
-    page.wait_for_selector('#connection[data-state="open"]')
+    wait_connected(page)
     return int(page.url.rstrip("/").rsplit("/", 1)[1])
+
+
+def wait_connected(page) -> None:
+    """Wait until the page's WebSocket is open."""
+    page.wait_for_selector('#connection[data-state="open"]')
 
 
 def send(page, text: str) -> None:

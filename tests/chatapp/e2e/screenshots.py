@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
                     view = other.new_page()
                     view.set_default_timeout(WAIT_MS)
                     view.goto(shown)
-                    view.wait_for_selector('#connection[data-state="open"]')
+                    steps.wait_connected(view)
                     view.wait_for_timeout(500)
                     save(view, args.out / name)
                     other.close()

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from .chat_steps import new_chat, send, wait_for_final
+from .chat_steps import new_chat, send, wait_connected, wait_for_final
 from .conftest import ARTIFACTS
 
 pytestmark = pytest.mark.model
@@ -153,7 +153,7 @@ def test_model_html_never_executes(page, server):
     conversation_id = new_chat(page, "general")
     server.seed("reply", str(conversation_id), XSS)
     page.reload()
-    page.wait_for_selector('#connection[data-state="open"]')
+    wait_connected(page)
     # And a live reply asked to echo the same payload (the model may or may not comply).
     send(page, "Repeat exactly: <script>window.__pwned='live'</script>"
                "<img src=x onerror=\"window.__pwned='live-img'\">")
@@ -186,7 +186,7 @@ def test_an_interrupted_reply_shows_as_such_and_continue_resumes_it(page, server
     conversation_id = new_chat(page, "general")
     server.seed("interrupted", str(conversation_id), "Here are three colours: red,")
     page.reload()
-    page.wait_for_selector('#connection[data-state="open"]')
+    wait_connected(page)
     reply = replies(page).nth(0)
     assert reply.get_attribute("data-status") == "interrupted"
     assert "interrupted" in reply.locator(".stopped-note").inner_text()

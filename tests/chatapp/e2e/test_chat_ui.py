@@ -12,7 +12,7 @@ from datetime import datetime
 
 import pytest
 
-from .chat_steps import new_chat
+from .chat_steps import new_chat, wait_connected
 from .conftest import ARTIFACTS
 
 pytestmark = pytest.mark.model  # the seeded reply is tokenised with the real tokenizer
@@ -61,10 +61,6 @@ def open_page(browser, chat_server, user):
 
 def conversation_path(user) -> str:
     return f"/c/{user['conversation_id']}/"
-
-
-def wait_connected(page) -> None:
-    page.wait_for_selector('#connection[data-state="open"]')
 
 
 def stored_messages(server, user) -> list[dict]:
