@@ -76,7 +76,7 @@ class LLMEngine:
             getattr(text_config(self.model_config), "max_position_embeddings",
                     config.max_model_len),
             self.runner.kv_groups.max_tokens(self.runner.num_blocks, config.block_size,
-                                             config.max_num_batched_tokens),
+                                             config.lone_prefill_tokens),
         )
         self.kv = KVCacheManager(
             self.runner.num_blocks,

@@ -32,6 +32,7 @@ class Scheduler:
     def __init__(self, config: EngineConfig, kv: KVCacheManager):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.lone_prefill_tokens = config.lone_prefill_tokens
         self.kv = kv
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -49,7 +50,9 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
+        # A step of one sequence holds no other up: its prefill takes bigger chunks.
+        lone = len(self.running) + len(self.waiting) == 1
+        budget = self.lone_prefill_tokens if lone else self.max_num_batched_tokens
         pending = list(self.running)
         kept: list[Sequence] = []
         while pending:

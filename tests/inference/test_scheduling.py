@@ -2,6 +2,8 @@
 
 import random
 
+import pytest
+
 from inference import SamplingParams
 from tests.inference.test_prefix_cache import rand_ids
 
@@ -87,3 +89,41 @@ def test_step_budget_defaults_to_256_tokens_on_cpu():
     assert EngineConfig().max_num_batched_tokens == 256
     assert EngineConfig(device="cuda").max_num_batched_tokens == 2048
     assert EngineConfig(max_num_batched_tokens=64).max_num_batched_tokens == 64
+
+
+def test_a_step_of_one_sequence_takes_the_lone_budget():
+    """By default a step holding a single sequence may compute 1,024 tokens on CPU; an
+    explicit max_num_batched_tokens caps every step unless lone_prefill_tokens is set."""
+    from inference.config import EngineConfig
+
+    assert EngineConfig().lone_prefill_tokens == 1024
+    assert EngineConfig(device="cuda").lone_prefill_tokens == 2048
+    assert EngineConfig(max_num_batched_tokens=64).lone_prefill_tokens == 64
+    assert EngineConfig(max_num_batched_tokens=64, lone_prefill_tokens=512).lone_prefill_tokens == 512
+    with pytest.raises(ValueError, match="lone_prefill_tokens"):
+        EngineConfig(max_num_batched_tokens=64, lone_prefill_tokens=32)
+
+
+def test_a_lone_prompt_is_computed_in_bigger_chunks_than_company_allows(make_engine):
+    engine = make_engine(max_num_batched_tokens=64, lone_prefill_tokens=256)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    engine.add_request("lone", rand_ids(300, 1), params)
+    engine.step()
+    assert engine.requests["lone"][0].num_computed_tokens == 256
+    engine.add_request("second", rand_ids(300, 2), params)
+    before = {s.request_id: s.num_computed_tokens for s in engine.scheduler.running}
+    engine.step()
+    # Two sequences: the step is back to max_num_batched_tokens in all.
+    computed = sum(s.num_computed_tokens - before.get(s.request_id, 0)
+                   for s in engine.scheduler.running)
+    assert computed == 64
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def test_a_lone_prompt_in_one_chunk_answers_as_in_many(make_engine):
+    prompt = rand_ids(300, 3)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    chunked = make_engine(max_num_batched_tokens=32).generate([prompt], params)
+    whole = make_engine(max_num_batched_tokens=32, lone_prefill_tokens=512).generate([prompt], params)
+    assert whole[0][0].token_ids == chunked[0][0].token_ids
