@@ -199,7 +199,12 @@ int f32_dequant(int kind, const void *w, const uint16_t *w_scale, int64_t out, i
             } else if (kind == F32_INT8) {
                 const int8_t *q = (const int8_t *)w + o * in_pad + k;
                 const uint16_t *s = w_scale + o * in_pad / 32 + k / 32;
-                for (int j = 0; j < 64; j++) row[j] = (float)q[j] * half_to_float(s[j / 32]);
+                /* Scales read once per 32 values: per value, the call kept the loop scalar. */
+                const float s0 = half_to_float(s[0]), s1 = half_to_float(s[1]);
+                for (int j = 0; j < 32; j++) {
+                    row[j] = (float)q[j] * s0;
+                    row[32 + j] = (float)q[32 + j] * s1;
+                }
             } else if (kind == F32_UINT8) {
                 const uint8_t *q = (const uint8_t *)w + o * in_pad + k;
                 const uint16_t *s = w_scale + o * in_pad / 16 + k / 16;
