@@ -39,7 +39,7 @@ class EngineConfig:
     # Tokens a step computes when it holds a single sequence (None: 1,024 on CPU where
     # max_num_batched_tokens is left to its default, else max_num_batched_tokens). With
     # nothing else running or queued, a larger chunk holds no-one up and a lone long
-    # prompt computes ~10 % faster on CPU; a request arriving meanwhile waits for one
+    # prompt computes 5-12 % faster on CPU; a request arriving meanwhile waits for one
     # such step ("The step budget" in docs/benchmarks.md).
     lone_prefill_tokens: int | None = None
     max_model_len: int = 8192
