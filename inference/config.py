@@ -90,13 +90,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype == "auto":
             self.dtype = default_dtype(self.device)
-        if (self.lone_prefill_tokens is None and self.max_num_batched_tokens is None
-                and self.device == "cpu"):
-            self.lone_prefill_tokens = 1024
-        if self.max_num_batched_tokens is None:
+        default_budget = self.max_num_batched_tokens is None
+        if default_budget:
             self.max_num_batched_tokens = 256 if self.device == "cpu" else 2048
         if self.lone_prefill_tokens is None:
-            self.lone_prefill_tokens = self.max_num_batched_tokens
+            cpu_default = default_budget and self.device == "cpu"
+            self.lone_prefill_tokens = 1024 if cpu_default else self.max_num_batched_tokens
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
         if self.max_num_seqs < 1:
