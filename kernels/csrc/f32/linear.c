@@ -2,8 +2,9 @@
    (Q8_0's grid), uint8 (Q4_1's grid cut in 16), int4 (Q4_1), bf16 or fp32 (the
    layouts of kernels/quant_layout.py). Each weight is widened to fp32 in registers
    (q * d, q * step + offset, q * d + m: one rounding, as torch's dequantize gives
-   it; bf16 exactly) and multiplied with fp32 sums. Decoding is bound by reading the
-   weights, which this reads at their stored size; and many-row matmuls take the
+   it; bf16 exactly) and multiplied with fp32 sums, except where int8 scales a
+   group's sum instead (dot_int8). Decoding reads the weights at their stored size;
+   many-row matmuls take the
    dequantizers below, a tile at a time, then a GEMM. */
 
 #include <stdlib.h>
@@ -35,6 +36,22 @@ static ALWAYS_INLINE void fma_rows(f8 acc[MAX_ROWS][4], f8 w, const float *x, in
     for (int r = 0; r < R; r++) acc[r][j % CHAINS(R)] += w * load8(x + r * in_pad + k);
 }
 
+/* A group of 32 levels q[0..3] (as floats) against 32 activations of a row: sum(q x). */
+static ALWAYS_INLINE f8 group_dot(const f8 q[4], const float *x) {
+    f8 a = q[0] * load8(x);
+    a += q[1] * load8(x + 8);
+    a += q[2] * load8(x + 16);
+    a += q[3] * load8(x + 24);
+    return a;
+}
+
+/* int8 rows of one or two sequences (a decode) are bound by this arithmetic, not by
+   reading the bytes: there a group's sum is taken on the levels, d sum(q x), which
+   saves widening each weight to q d (a multiply per 8 weights; the same value to
+   fp32's roundings; decode 4-5 % faster on AVX2, docs/benchmarks.md). More rows
+   share each widened weight, so they take it. */
+#define SUMS_ON_LEVELS(R) ((R) <= 2)
+
 /* int4: each 64-column chunk packs column j in byte j's low nibble and 32 + j in
    its high one; (d, m) fp16 pairs per group of 32. */
 static ALWAYS_INLINE void dot_int4(const uint8_t *w, const uint16_t *ws, const float *x,
@@ -56,25 +73,43 @@ static ALWAYS_INLINE void dot_int4(const uint8_t *w, const uint16_t *ws, const f
     sum_rows(acc, R, res);
 }
 
-/* int8: q * d per group of 32; uint8 (offset): q * step + (m - 8 step), step = d / 16. */
-static ALWAYS_INLINE void dot_bytes(const void *w, const uint16_t *ws, const float *x,
-                                    int64_t in_pad, const int R, const int offset, float *res) {
+/* int8: q * d per group of 32, its fp16 scales read into floats once a row. */
+static ALWAYS_INLINE void dot_int8(const int8_t *w, const uint16_t *ws, const float *x,
+                                   int64_t in_pad, const int R, float *res) {
+    f8 acc[MAX_ROWS][4];
+    zero_sums(acc, R);
+    float sc[in_pad / 32];
+    halves_to_floats(ws, sc, in_pad / 32);
+    for (int64_t k = 0; k < in_pad; k += 64) {
+        prefetch_ahead(w + k);
+        f8 q[8];
+        for (int j = 0; j < 8; j++) q[j] = s8_to_f8(w + k + 8 * j);
+        const f8 d0 = splat(sc[k / 32]), d1 = splat(sc[k / 32 + 1]);
+        if (SUMS_ON_LEVELS(R)) {
+            for (int r = 0; r < R; r++) {
+                acc[r][0] += d0 * group_dot(q, x + r * in_pad + k);
+                acc[r][1] += d1 * group_dot(q + 4, x + r * in_pad + k + 32);
+            }
+        } else {
+            for (int j = 0; j < 4; j++) fma_rows(acc, q[j] * d0, x, in_pad, k + 8 * j, j, R);
+            for (int j = 0; j < 4; j++) fma_rows(acc, q[4 + j] * d1, x, in_pad, k + 32 + 8 * j, j, R);
+        }
+    }
+    sum_rows(acc, R, res);
+}
+
+/* uint8 (offset): q * step + (m - 8 step), step = d / 16, widened per weight. */
+static ALWAYS_INLINE void dot_uint8(const uint8_t *w, const uint16_t *ws, const float *x,
+                                    int64_t in_pad, const int R, float *res) {
     f8 acc[MAX_ROWS][4];
     zero_sums(acc, R);
     for (int64_t k = 0; k < in_pad; k += 32) {
-        prefetch_ahead((const uint8_t *)w + k);
-        f8 scale, shift = splat(0.0f);
-        if (offset) {
-            const float step = half_to_float(ws[k / 16]) * (1.0f / 16.0f);
-            scale = splat(step);
-            shift = splat(half_to_float(ws[k / 16 + 1]) - 8.0f * step);
-        } else {
-            scale = splat(half_to_float(ws[k / 32]));
-        }
+        prefetch_ahead(w + k);
+        const float step = half_to_float(ws[k / 16]) * (1.0f / 16.0f);
+        const f8 scale = splat(step), shift = splat(half_to_float(ws[k / 16 + 1]) - 8.0f * step);
         for (int j = 0; j < 4; j++) {
             const int64_t c = k + 8 * j;
-            const f8 q = offset ? u8_to_f8((const uint8_t *)w + c) : s8_to_f8((const int8_t *)w + c);
-            fma_rows(acc, offset ? q * scale + shift : q * scale, x, in_pad, c, j, R);
+            fma_rows(acc, u8_to_f8(w + c) * scale + shift, x, in_pad, c, j, R);
         }
     }
     sum_rows(acc, R, res);
@@ -133,8 +168,8 @@ void f32_matmul_tiles(int kind, const float *xs, int64_t batch, int64_t in_pad, 
                       const uint16_t *w_scale, int64_t out, float *y) {
     const int64_t tiles = (out + TILE - 1) / TILE;
     const uint8_t *wb = w;
-#define DOT8(R) dot_bytes(wb + o * in_pad, w_scale + o * in_pad / 32, x, in_pad, R, 0, res)
-#define DOTU8(R) dot_bytes(wb + o * in_pad, w_scale + o * in_pad / 16, x, in_pad, R, 1, res)
+#define DOT8(R) dot_int8((const int8_t *)wb + o * in_pad, w_scale + o * in_pad / 32, x, in_pad, R, res)
+#define DOTU8(R) dot_uint8(wb + o * in_pad, w_scale + o * in_pad / 16, x, in_pad, R, res)
 #define DOT4(R) dot_int4(wb + o * in_pad / 2, w_scale + o * in_pad / 16, x, in_pad, R, res)
 #define DOTB(R) dot_bf16((const uint16_t *)w + o * in_pad, x, in_pad, R, res)
 #define DOTF(R) dot_plain((const float *)w + o * in_pad, x, in_pad, R, res)
