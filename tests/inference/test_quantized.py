@@ -267,9 +267,15 @@ def smollm2_by_weight_dtype():
 
 @pytest.mark.model
 @pytest.mark.parametrize("weight_dtype", ["bf16", "int8", "int4"])
-def test_the_c_decode_step_gives_the_torch_forwards_replies(smollm2_by_weight_dtype, weight_dtype):
-    """The decode step as one C call (kernels.decode_stack) keeps the torch forward's
-    roundings: the 8 parity prompts, decoded together, get the same greedy replies."""
+def test_the_c_decode_step_gives_the_torch_forwards_replies(smollm2_by_weight_dtype, weight_dtype,
+                                                           monkeypatch):
+    """The decode step as one C call (kernels.decode_stack) computes what the torch
+    forward does. In bf16 it keeps the forward's roundings: the 8 parity prompts,
+    decoded together, get the same greedy replies. In fp32 its sums and exp run in
+    their own order, and a bf16 KV cache rounds a few of the differing last bits of
+    K and V by a whole bf16 step, so each step's hidden states are held to the
+    forward's within 1e-3 of their norm (measured: up to 3e-4) rather than replies
+    bit for bit."""
     engine = smollm2_by_weight_dtype(weight_dtype)
     model = engine.runner.model
     if model.decode_stack is None:
@@ -280,14 +286,35 @@ def test_the_c_decode_step_gives_the_torch_forwards_replies(smollm2_by_weight_dt
                                 return_dict=False)
         for p in PROMPTS
     ]
-    engine.reset_prefix_cache()  # both runs compute their prompts whole
-    with_stack = quality.replies(engine, prompts, 24)
-    stack, model.decode_stack = model.decode_stack, None
-    try:
-        engine.reset_prefix_cache()
-        assert quality.replies(engine, prompts, 24) == with_stack
-    finally:
-        model.decode_stack = stack
+    if engine.config.dtype == "bfloat16":
+        engine.reset_prefix_cache()  # both runs compute their prompts whole
+        with_stack = quality.replies(engine, prompts, 24)
+        stack, model.decode_stack = model.decode_stack, None
+        try:
+            engine.reset_prefix_cache()
+            assert quality.replies(engine, prompts, 24) == with_stack
+        finally:
+            model.decode_stack = stack
+        return
+    forward, errors = type(model).forward, []
+
+    def both(self, input_ids, positions, kv_cache, meta):
+        """The step as the engine runs it, then the torch forward on the same inputs."""
+        out = forward(self, input_ids, positions, kv_cache, meta)
+        d = meta.decode_batch(kv_cache.shape[3])
+        if d is not None and d.all_rows and self.decode_stack.runs(len(d.rows), kv_cache):
+            stack, self.decode_stack = self.decode_stack, None
+            try:
+                ref = forward(self, input_ids, positions, kv_cache, meta)
+            finally:
+                self.decode_stack = stack
+            errors.append(float((out - ref).norm() / ref.norm()))
+        return out
+
+    monkeypatch.setattr(type(model), "forward", both)
+    engine.reset_prefix_cache()
+    quality.replies(engine, prompts, 24)
+    assert len(errors) >= 20 and max(errors) < 1e-3
 
 
 @pytest.mark.model

@@ -2,10 +2,10 @@
    (Q8_0's grid), uint8 (Q4_1's grid cut in 16), int4 (Q4_1), bf16 or fp32 (the
    layouts of kernels/quant_layout.py). Each weight is widened to fp32 in registers
    (q * d, q * step + offset, q * d + m: one rounding, as torch's dequantize gives
-   it; bf16 exactly) and multiplied with fp32 sums, except where int8 scales a
-   group's sum instead (dot_int8). Decoding reads the weights at their stored size;
-   many-row matmuls take the
-   dequantizers below, a tile at a time, then a GEMM. */
+   it; bf16 exactly) and multiplied with fp32 sums, except where one or two rows of
+   int8 or int4 scale a group's sum instead (SUMS_ON_LEVELS). Decoding reads the
+   weights at their stored size; many-row matmuls take the dequantizers below, a
+   tile at a time, then a GEMM. */
 
 #include <stdlib.h>
 
@@ -45,19 +45,62 @@ static ALWAYS_INLINE f8 group_dot(const f8 q[4], const float *x) {
     return a;
 }
 
-/* int8 rows of one or two sequences (a decode) are bound by this arithmetic, not by
-   reading the bytes: there a group's sum is taken on the levels, d sum(q x), which
-   saves widening each weight to q d (a multiply per 8 weights; the same value to
-   fp32's roundings; decode 4-5 % faster on AVX2, docs/benchmarks.md). More rows
-   share each widened weight, so they take it. */
+/* Rows of one or two sequences (a decode) are bound by this arithmetic, not by
+   reading the bytes: there int8 and int4 take a group's sum on the levels, d sum(q x)
+   (+ m sum(x)), which saves widening each weight to q d (+ m): a multiply per 8
+   weights, the same value to fp32's roundings (measured: docs/benchmarks.md). More
+   rows share each widened weight, so they take it. */
 #define SUMS_ON_LEVELS(R) ((R) <= 2)
 
+/* The sums of each row's groups of 32 activations, xs[r * groups + g], for int4's
+   offsets (dot_int4). */
+static void group_sums(const float *x, int64_t in_pad, int64_t rows, float *xs) {
+    const int64_t groups = in_pad / 32;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t g = 0; g < groups; g++) {
+            const float *p = x + r * in_pad + 32 * g;
+            xs[r * groups + g] = hsum((load8(p) + load8(p + 8)) + (load8(p + 16) + load8(p + 24)));
+        }
+}
+
 /* int4: each 64-column chunk packs column j in byte j's low nibble and 32 + j in
-   its high one; (d, m) fp16 pairs per group of 32. */
+   its high one; (d, m) fp16 pairs per group of 32. One or two rows sum on the
+   levels, d sum(q x) + m sum(x) with the group sums xs, reading the high nibble as
+   16 q (a mask, no shift) and its sums divided by 16 at the end (exact); the
+   partial sums stay in registers as each widened nibble is used (held in an array
+   across rows, they went through the stack). */
 static ALWAYS_INLINE void dot_int4(const uint8_t *w, const uint16_t *ws, const float *x,
-                                   int64_t in_pad, const int R, float *res) {
+                                   const float *xs, int64_t in_pad, const int R, float *res) {
     f8 acc[MAX_ROWS][4];
     zero_sums(acc, R);
+    if (SUMS_ON_LEVELS(R)) {
+        const int64_t groups = in_pad / 32;
+        float sc[2 * groups], off[MAX_ROWS] = {0};
+        halves_to_floats(ws, sc, 2 * groups);
+        for (int64_t k = 0; k < in_pad; k += 64) {
+            if (!(k & 64)) prefetch_ahead(w + k / 2);
+            const float *g = sc + k / 16;
+            f8 a[MAX_ROWS], b[MAX_ROWS];
+            for (int r = 0; r < R; r++) a[r] = b[r] = splat(0.0f);
+            for (int j = 0; j < 4; j++) {
+                const i8v q = widen_u8(w + k / 2 + 8 * j);
+                const f8 lo = to_f8(q & 0x0F), hi = to_f8(q & 0xF0);
+                for (int r = 0; r < R; r++) {
+                    a[r] += lo * load8(x + r * in_pad + k + 8 * j);
+                    b[r] += hi * load8(x + r * in_pad + k + 32 + 8 * j);
+                }
+            }
+            for (int r = 0; r < R; r++) {
+                acc[r][0] += splat(g[0]) * a[r];
+                acc[r][1] += splat(g[2]) * b[r]; /* 16 times its share */
+                off[r] += g[1] * xs[r * groups + k / 32] + g[3] * xs[r * groups + k / 32 + 1];
+            }
+        }
+        for (int r = 0; r < R; r++) acc[r][1] *= splat(1.0f / 16.0f);
+        sum_rows(acc, R, res);
+        for (int r = 0; r < R; r++) res[r] += off[r];
+        return;
+    }
     for (int64_t k = 0; k < in_pad; k += 64) {
         if (!(k & 64)) prefetch_ahead(w + k / 2);
         const uint16_t *g = ws + k / 16;
@@ -168,9 +211,14 @@ void f32_matmul_tiles(int kind, const float *xs, int64_t batch, int64_t in_pad, 
                       const uint16_t *w_scale, int64_t out, float *y) {
     const int64_t tiles = (out + TILE - 1) / TILE;
     const uint8_t *wb = w;
+    /* int4's group sums, each thread its own (a few hundred adds a row; batch <=
+       F32_MAX_BATCH rows keep them a few KB of stack). */
+    float sums[kind == F32_INT4 ? batch * in_pad / 32 : 1];
+    if (kind == F32_INT4) group_sums(xs, in_pad, batch, sums);
 #define DOT8(R) dot_int8((const int8_t *)wb + o * in_pad, w_scale + o * in_pad / 32, x, in_pad, R, res)
 #define DOTU8(R) dot_uint8(wb + o * in_pad, w_scale + o * in_pad / 16, x, in_pad, R, res)
-#define DOT4(R) dot_int4(wb + o * in_pad / 2, w_scale + o * in_pad / 16, x, in_pad, R, res)
+#define DOT4(R) dot_int4(wb + o * in_pad / 2, w_scale + o * in_pad / 16, x, \
+                         sums + r0 * in_pad / 32, in_pad, R, res)
 #define DOTB(R) dot_bf16((const uint16_t *)w + o * in_pad, x, in_pad, R, res)
 #define DOTF(R) dot_plain((const float *)w + o * in_pad, x, in_pad, R, res)
     if (kind == F32_INT8)
