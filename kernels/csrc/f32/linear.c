@@ -48,7 +48,8 @@ static ALWAYS_INLINE f8 group_dot(const f8 q[4], const float *x) {
 /* Rows of one or two sequences (a decode) are bound by this arithmetic, not by
    reading the bytes: there int8 and int4 take a group's sum on the levels, d sum(q x)
    (+ m sum(x)), which saves widening each weight to q d (+ m): a multiply per 8
-   weights, the same value to fp32's roundings (measured: docs/benchmarks.md). More
+   weights, for the same value but for fp32's roundings (measured:
+   docs/benchmarks.md). More
    rows share each widened weight, so they take it. */
 #define SUMS_ON_LEVELS(R) ((R) <= 2)
 
@@ -211,8 +212,8 @@ void f32_matmul_tiles(int kind, const float *xs, int64_t batch, int64_t in_pad, 
                       const uint16_t *w_scale, int64_t out, float *y) {
     const int64_t tiles = (out + TILE - 1) / TILE;
     const uint8_t *wb = w;
-    /* int4's group sums, each thread its own (a few hundred adds a row; batch <=
-       F32_MAX_BATCH rows keep them a few KB of stack). */
+    /* int4's group sums, each thread its own: in_pad / 32 adds of eight a row, and
+       at most F32_MAX_BATCH rows of in_pad / 32 floats on the stack. */
     float sums[kind == F32_INT4 ? batch * in_pad / 32 : 1];
     if (kind == F32_INT4) group_sums(xs, in_pad, batch, sums);
 #define DOT8(R) dot_int8((const int8_t *)wb + o * in_pad, w_scale + o * in_pad / 32, x, in_pad, R, res)
