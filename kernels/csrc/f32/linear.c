@@ -3,7 +3,7 @@
    layouts of kernels/quant_layout.py). Each weight is widened to fp32 in registers
    (q * d, q * step + offset, q * d + m: one rounding, as torch's dequantize gives
    it; bf16 exactly) and multiplied with fp32 sums, except where one or two rows of
-   int8 or int4 scale a group's sum instead (SUMS_ON_LEVELS). Decoding reads the
+   a quantized kind scale a group's sum instead (SUMS_ON_LEVELS). Decoding reads the
    weights at their stored size; many-row matmuls take the dequantizers below, a
    tile at a time, then a GEMM. */
 
@@ -46,15 +46,15 @@ static ALWAYS_INLINE f8 group_dot(const f8 q[4], const float *x) {
 }
 
 /* Rows of one or two sequences (a decode) are bound by this arithmetic, not by
-   reading the bytes: there int8 and int4 take a group's sum on the levels, d sum(q x)
+   reading the bytes: there int8, int4 and uint8 take a group's sum on the levels, d sum(q x)
    (+ m sum(x)), which saves widening each weight to q d (+ m): a multiply per 8
    weights, for the same value but for fp32's roundings (measured:
    docs/benchmarks.md). More
    rows share each widened weight, so they take it. */
 #define SUMS_ON_LEVELS(R) ((R) <= 2)
 
-/* The sums of each row's groups of 32 activations, xs[r * groups + g], for int4's
-   offsets (dot_int4). */
+/* The sums of each row's groups of 32 activations, xs[r * groups + g], for the
+   offsets of int4 and uint8. */
 static void group_sums(const float *x, int64_t in_pad, int64_t rows, float *xs) {
     const int64_t groups = in_pad / 32;
     for (int64_t r = 0; r < rows; r++)
@@ -142,11 +142,31 @@ static ALWAYS_INLINE void dot_int8(const int8_t *w, const uint16_t *ws, const fl
     sum_rows(acc, R, res);
 }
 
-/* uint8 (offset): q * step + (m - 8 step), step = d / 16, widened per weight. */
+/* uint8 (offset): q * step + (m - 8 step), step = d / 16; one or two rows sum on
+   the levels as int4, step sum(q x) + (m - 8 step) sum(x). */
 static ALWAYS_INLINE void dot_uint8(const uint8_t *w, const uint16_t *ws, const float *x,
-                                    int64_t in_pad, const int R, float *res) {
+                                    const float *xs, int64_t in_pad, const int R, float *res) {
     f8 acc[MAX_ROWS][4];
     zero_sums(acc, R);
+    if (SUMS_ON_LEVELS(R)) {
+        const int64_t groups = in_pad / 32;
+        float sc[2 * groups], off[MAX_ROWS] = {0};
+        halves_to_floats(ws, sc, 2 * groups);
+        for (int64_t k = 0; k < in_pad; k += 32) {
+            prefetch_ahead(w + k);
+            const int64_t g = k / 32;
+            const float step = sc[2 * g] * (1.0f / 16.0f), shift = sc[2 * g + 1] - 8.0f * step;
+            f8 q[4];
+            for (int j = 0; j < 4; j++) q[j] = u8_to_f8(w + k + 8 * j);
+            for (int r = 0; r < R; r++) {
+                acc[r][g % 2] += splat(step) * group_dot(q, x + r * in_pad + k);
+                off[r] += shift * xs[r * groups + g];
+            }
+        }
+        sum_rows(acc, R, res);
+        for (int r = 0; r < R; r++) res[r] += off[r];
+        return;
+    }
     for (int64_t k = 0; k < in_pad; k += 32) {
         prefetch_ahead(w + k);
         const float step = half_to_float(ws[k / 16]) * (1.0f / 16.0f);
@@ -212,12 +232,14 @@ void f32_matmul_tiles(int kind, const float *xs, int64_t batch, int64_t in_pad, 
                       const uint16_t *w_scale, int64_t out, float *y) {
     const int64_t tiles = (out + TILE - 1) / TILE;
     const uint8_t *wb = w;
-    /* int4's group sums, each thread its own: in_pad / 32 adds of eight a row, and
-       at most F32_MAX_BATCH rows of in_pad / 32 floats on the stack. */
-    float sums[kind == F32_INT4 ? batch * in_pad / 32 : 1];
-    if (kind == F32_INT4) group_sums(xs, in_pad, batch, sums);
+    /* The offsets' group sums (int4, uint8), each thread its own: in_pad / 32 adds of
+       eight a row, and at most F32_MAX_BATCH rows of in_pad / 32 floats on the stack. */
+    const int offsets = kind == F32_INT4 || kind == F32_UINT8;
+    float sums[offsets ? batch * in_pad / 32 : 1];
+    if (offsets) group_sums(xs, in_pad, batch, sums);
 #define DOT8(R) dot_int8((const int8_t *)wb + o * in_pad, w_scale + o * in_pad / 32, x, in_pad, R, res)
-#define DOTU8(R) dot_uint8(wb + o * in_pad, w_scale + o * in_pad / 16, x, in_pad, R, res)
+#define DOTU8(R) dot_uint8(wb + o * in_pad, w_scale + o * in_pad / 16, x, \
+                           sums + r0 * in_pad / 32, in_pad, R, res)
 #define DOT4(R) dot_int4(wb + o * in_pad / 2, w_scale + o * in_pad / 16, x, \
                          sums + r0 * in_pad / 32, in_pad, R, res)
 #define DOTB(R) dot_bf16((const uint16_t *)w + o * in_pad, x, in_pad, R, res)
