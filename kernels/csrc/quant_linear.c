@@ -156,38 +156,40 @@ static inline __attribute__((always_inline)) __m512 byte_weights(
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale);
 }
 
-/* A block of up to 512 columns' scales (groups of them) as fp32: int8's scale of
-   group g at sc[g]; uint8's step at sc[2 g] and offset at off[2 g] (8 groups at a
+/* A block of up to BLOCK columns' scales (groups of them) as fp32: int8's scale of
+   group g at sc[g]; uint8's step at sc[2 g] and offset at sc[2 g + 1] (8 groups at a
    time). Converting each group's scales on its own (a broadcast and a vcvtph2ps each,
    on the shuffle port with the byte widening) bound the loops, uint8's four per chunk
    most; they are read back by broadcasts from memory. */
+#define BLOCK 1024
 static inline __attribute__((always_inline)) void block_scales(
-    const uint16_t *ws, int64_t k0, int groups, const int offset, float *sc, float *off) {
+    const uint16_t *ws, int64_t k0, int groups, const int offset, float *sc) {
     if (offset) {
+        const __m512 by = _mm512_setr_ps(1.0f / 16, 1, 1.0f / 16, 1, 1.0f / 16, 1, 1.0f / 16, 1,
+                                         1.0f / 16, 1, 1.0f / 16, 1, 1.0f / 16, 1, 1.0f / 16, 1);
+        const __m512 eight = _mm512_setr_ps(0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8);
         for (int i = 0; i < groups; i += 8) {
-            __m512 v = _mm512_cvtph_ps(
-                _mm256_maskz_loadu_epi16(tail_mask(2 * (groups - i)), ws + (k0 / 32 + i) * 2));
-            __m512 step, o;
-            uint8_step_offset(_mm512_moveldup_ps(v), _mm512_movehdup_ps(v), &step, &o);
-            _mm512_storeu_ps(sc + 2 * i, step);
-            _mm512_storeu_ps(off + 2 * i, o);
+            /* (d, m) -> (step, m) -> (step, m - 8 step) */
+            __m512 v = _mm512_mul_ps(by, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                                             tail_mask(2 * (groups - i)), ws + (k0 / 32 + i) * 2)));
+            _mm512_storeu_ps(sc + 2 * i, _mm512_fnmadd_ps(_mm512_moveldup_ps(v), eight, v));
         }
     } else {
-        _mm512_storeu_ps(sc, _mm512_cvtph_ps(
-                                 _mm256_maskz_loadu_epi16(tail_mask(groups), ws + k0 / 32)));
+        for (int i = 0; i < groups; i += 16)
+            _mm512_storeu_ps(sc + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                                         tail_mask(groups - i), ws + k0 / 32 + i)));
     }
 }
 
 /* The 64 weights of the chunk at column k0 + k as fp32, 16 to a vector, with the
    block's scales from block_scales. */
 static inline __attribute__((always_inline)) void chunk_weights(
-    const void *w, const float *sc, const float *off, int64_t k0, int64_t k, const int offset,
-    __m512 w4[4]) {
+    const void *w, const float *sc, int64_t k0, int64_t k, const int offset, __m512 w4[4]) {
     const int64_t g = k / 32;
     for (int j = 0; j < 4; j++) {
         const int64_t i = offset ? 2 * (g + j / 2) : g + j / 2;
         w4[j] = byte_weights((const int8_t *)w + k0 + k + 16 * j, _mm512_set1_ps(sc[i]),
-                             offset ? _mm512_set1_ps(off[i]) : _mm512_setzero_ps(), offset);
+                             offset ? _mm512_set1_ps(sc[i + 1]) : _mm512_setzero_ps(), offset);
     }
 }
 
@@ -263,14 +265,14 @@ static inline __attribute__((always_inline)) void dot_bytes(
     const int R, const int offset, const int bf16, float *res) {
     __m512 acc[MAX_ROWS][4];
     zero_sums(acc, R);
-    for (int64_t k0 = 0; k0 < in_pad; k0 += 512) {
-        const int groups = (int)((in_pad - k0 < 512 ? in_pad - k0 : 512) / 32);
-        float sc[32], off[32];
-        block_scales(ws, k0, groups, offset, sc, off);
+    for (int64_t k0 = 0; k0 < in_pad; k0 += BLOCK) {
+        const int groups = (int)((in_pad - k0 < BLOCK ? in_pad - k0 : BLOCK) / 32);
+        float sc[2 * BLOCK / 32];
+        block_scales(ws, k0, groups, offset, sc);
         for (int64_t k = 0; k < groups * 32; k += 64) {
             __m512 w4[4];
             prefetch_ahead((const uint8_t *)w + k0 + k);
-            chunk_weights(w, sc, off, k0, k, offset, w4);
+            chunk_weights(w, sc, k0, k, offset, w4);
             if (bf16)
                 dot_chunk(acc, _mm512_cvtne2ps_pbh(w4[1], w4[0]),
                           _mm512_cvtne2ps_pbh(w4[3], w4[2]), xb, in_pad, k0 + k, R);
@@ -456,13 +458,13 @@ static inline __attribute__((always_inline)) void dequant_bytes(
     for (int64_t o = 0; o < out; o++) {
         const int8_t *row = (const int8_t *)w + o * in_pad;
         const uint16_t *ws = w_scale + o * in_pad / (with_offset ? 16 : 32);
-        for (int64_t k0 = 0; k0 < in; k0 += 512) {
-            const int groups = (int)((in_pad - k0 < 512 ? in_pad - k0 : 512) / 32);
-            float sc[32], off[32];
-            block_scales(ws, k0, groups, with_offset, sc, off);
+        for (int64_t k0 = 0; k0 < in; k0 += BLOCK) {
+            const int groups = (int)((in_pad - k0 < BLOCK ? in_pad - k0 : BLOCK) / 32);
+            float sc[2 * BLOCK / 32];
+            block_scales(ws, k0, groups, with_offset, sc);
             for (int64_t k = 0; k < groups * 32 && k0 + k < in; k += 64) {
                 __m512 w4[4];
-                chunk_weights(row, sc, off, k0, k, with_offset, w4);
+                chunk_weights(row, sc, k0, k, with_offset, w4);
                 for (int j = 0; j < 4; j++) {
                     const int64_t c = k0 + k + 16 * j;
                     if (c < in) store_row(dst, bf16, o * in + c, w4[j], tail_mask(in - c));
