@@ -15,7 +15,7 @@
      16 k + 8. uint8 [out, in_pad], fp16 (d, m) pairs [out, in_pad / 32, 2] (9 bits a
      weight). q * d / 16 is exact in fp32 and so, where m and d are not far apart in
      scale, is m - d / 2, so a weight takes one rounding, the one a Q4_1 weight read as
-     fp32 took (see uint8_step_offset).
+     fp32 took (see block_scales).
 
    A few rows of x [rows, in] multiply W with each weight dequantized in registers
    (in fp32, as dequant_* writes it) and fp32 sums; each output is rounded once. The
@@ -138,15 +138,6 @@ static inline __m512 half_scale(uint16_t s) {
     return _mm512_cvtph_ps(_mm256_set1_epi16((short)s));
 }
 
-/* uint8's step d / 16 and offset m - 8 * step from its (d, m) as fp32 vectors: then
-   q * step + offset is (q - 8) * step + m, the product exact and one rounding in all,
-   wherever the offset is exact in fp32 (m and d / 2 within 2^13 of each other: every
-   group of SmolLM2). */
-static inline void uint8_step_offset(__m512 d, __m512 m, __m512 *step, __m512 *offset) {
-    *step = _mm512_mul_ps(d, _mm512_set1_ps(1.0f / 16.0f));
-    *offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *step, m);
-}
-
 /* 16 weights of a byte each as fp32: int8's q * scale, or with_offset, uint8's
    q * step + offset (step passed as scale). */
 static inline __attribute__((always_inline)) __m512 byte_weights(
@@ -160,7 +151,12 @@ static inline __attribute__((always_inline)) __m512 byte_weights(
    group g at sc[g]; uint8's step at sc[2 g] and offset at sc[2 g + 1] (8 groups at a
    time). Converting each group's scales on its own (a broadcast and a vcvtph2ps each,
    on the shuffle port with the byte widening) bound the loops, uint8's four per chunk
-   most; they are read back by broadcasts from memory. */
+   most; they are read back by broadcasts from memory. A block holds a whole row of
+   SmolLM2's (576 columns), where blocks of 512 took two passes, the second for two
+   groups (4-5 % of the int8 engine's decode on AMX).
+   uint8's step d / 16 and offset m - 8 * step make q * step + offset (q - 8) * step + m,
+   the product exact and one rounding in all, wherever the offset is exact in fp32 (m
+   and d / 2 within 2^13 of each other: every group of SmolLM2). */
 #define BLOCK 1024
 static inline __attribute__((always_inline)) void block_scales(
     const uint16_t *ws, int64_t k0, int groups, const int offset, float *sc) {

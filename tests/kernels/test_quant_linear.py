@@ -13,7 +13,7 @@ needs_kernel = pytest.mark.skipif(
     not cpu_kernels.quant_available(), reason="no AVX512-BF16 or no C compiler here"
 )
 
-SHAPES = [(576, 1536), (1536, 576), (17, 100), (100, 17), (64, 64), (33, 1)]
+SHAPES = [(576, 1536), (1536, 576), (17, 100), (100, 17), (64, 64), (33, 1), (8, 2200)]
 
 
 def weight(out: int, inp: int, seed: int = 0) -> torch.Tensor:
