@@ -293,15 +293,16 @@ static inline __attribute__((always_inline)) void int4_chunk_bf16(
               (__m512bh)_mm512_permutexvar_epi16(second, table), xb, in_pad, k, R);
 }
 
-/* Columns go in blocks of 512, whose 16 (d, m) pairs are converted to fp32 together. */
+/* Columns go in blocks (block_scales's), whose (d, m) pairs are converted to fp32
+   together. */
 static inline __attribute__((always_inline)) void dot_int4_bf16(
     const uint8_t *w, const uint16_t *ws, const uint16_t *xb, int64_t in_pad, const int R,
     __m512 *res) {
     __m512 acc[MAX_ROWS][4];
     zero_sums(acc, R);
-    for (int64_t k0 = 0; k0 < in_pad; k0 += 512) {
-        const int64_t n = in_pad - k0 < 512 ? in_pad - k0 : 512;
-        float dm[32];
+    for (int64_t k0 = 0; k0 < in_pad; k0 += BLOCK) {
+        const int64_t n = in_pad - k0 < BLOCK ? in_pad - k0 : BLOCK;
+        float dm[2 * BLOCK / 32];
         for (int64_t i = 0; i < n / 16; i += 16)
             _mm512_storeu_ps(dm + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
                                          tail_mask(n / 16 - i), ws + k0 / 16 + i)));
@@ -330,14 +331,13 @@ static inline __m512 sum_16(const __m512 v[TILE]) {
                          _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
 }
 
-static inline void store_sums(void *y, int bf16, int64_t out, int64_t r, int64_t o0,
-                              __m512 f, int n) {
-    __mmask16 m = tail_mask(n);
-    if (bf16)
-        _mm256_mask_storeu_epi16((uint16_t *)y + r * out + o0, m,
-                                 (__m256i)_mm512_cvtneps_pbh(f));
-    else
-        _mm512_mask_storeu_ps((float *)y + r * out + o0, m, f);
+static inline void store_row(void *dst, int bf16, int64_t i, __m512 v, __mmask16 m) {
+    if (bf16) {
+        __m256bh h = _mm512_cvtneps_pbh(v);
+        _mm256_mask_storeu_epi16((uint16_t *)dst + i, m, (__m256i)h);
+    } else {
+        _mm512_mask_storeu_ps((float *)dst + i, m, v);
+    }
 }
 
 /* One tile of up to TILE output columns for all rows: each column's sums as vectors,
@@ -364,7 +364,7 @@ static inline void store_sums(void *y, int bf16, int64_t out, int64_t r, int64_t
         for (int j = n; j < TILE; j++)                                                    \
             for (int r = 0; r < rows; r++) part[r][j] = _mm512_setzero_ps();              \
         for (int r = 0; r < rows; r++)                                                    \
-            store_sums(y, y_bf16, out, r, o0, sum_16(part[r]), n);                        \
+            store_row(y, y_bf16, r * out + o0, sum_16(part[r]), tail_mask(n));           \
     } while (0)
 
 /* The tiles of output columns, shared by the region's threads. */
@@ -455,15 +455,6 @@ int quant_linear_int4(const void *x, int x_bf16, int64_t rows, int64_t in, int64
                       int y_bf16, int threads) {
     return quant_linear(QUANT_INT4, x, x_bf16, rows, in, in_pad, w, w_scale, out, y, y_bf16,
                         threads);
-}
-
-static inline void store_row(void *dst, int bf16, int64_t i, __m512 v, __mmask16 m) {
-    if (bf16) {
-        __m256bh h = _mm512_cvtneps_pbh(v);
-        _mm256_mask_storeu_epi16((uint16_t *)dst + i, m, (__m256i)h);
-    } else {
-        _mm512_mask_storeu_ps((float *)dst + i, m, v);
-    }
 }
 
 /* W of a byte a weight, int8 or uint8 (with_offset), as bf16 or fp32 [out, in] (the

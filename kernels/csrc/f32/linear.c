@@ -46,11 +46,10 @@ static ALWAYS_INLINE f8 group_dot(const f8 q[4], const float *x) {
 }
 
 /* Rows of one or two sequences (a decode) are bound by this arithmetic, not by
-   reading the bytes: there int8, int4 and uint8 take a group's sum on the levels, d sum(q x)
-   (+ m sum(x)), which saves widening each weight to q d (+ m): a multiply per 8
-   weights, for the same value but for fp32's roundings (measured:
-   docs/benchmarks.md). More
-   rows share each widened weight, so they take it. */
+   reading the bytes: there int8, int4 and uint8 take a group's sum on the levels,
+   d sum(q x) (+ m sum(x)), which saves widening each weight to q d (+ m): a multiply
+   per 8 weights, for the same value but for fp32's roundings (measured:
+   docs/benchmarks.md). More rows share each widened weight, so they take it. */
 #define SUMS_ON_LEVELS(R) ((R) <= 2)
 
 /* The sums of each row's groups of 32 activations, xs[r * groups + g], for the
