@@ -116,10 +116,15 @@ class BlockPool:
         return out
 
     def free(self, blocks: Iterable[Block]) -> None:
-        """Drop one reference each; blocks reaching 0 join the back of the free queue.
+        """Drop one reference each; cached blocks reaching 0 join the back of the free
+        queue, blocks without a hash its front.
 
         Callers pass a sequence's blocks tail first, so a chain's deeper blocks are
-        evicted before the shallower ones that other prompts are likelier to share.
+        evicted before the shallower ones that other prompts are likelier to share. A
+        block without a hash (a partial tail, a block of a cache-less engine) holds
+        nothing a prompt can hit: reused first, it spares a cached block its eviction
+        and an untouched part of the pool its first page (the CPU pool is mapped as
+        written).
         """
         for b in blocks:
             if b.ref_cnt <= 0:
@@ -127,6 +132,8 @@ class BlockPool:
             b.ref_cnt -= 1
             if b.ref_cnt == 0:
                 self.free_queue[b.block_id] = b
+                if b.block_hash is None:
+                    self.free_queue.move_to_end(b.block_id, last=False)
 
     def cache_block(self, block: Block, block_hash: bytes, token_ids: Sequence[int]) -> None:
         """Name a full, computed block by its hash so later prompts can hit it."""

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from inference.config import EngineConfig
-from inference.cpu_allocator import keep_heap_pages, release_free_heap
+from inference.cpu_allocator import keep_heap_pages, release_free_heap, zeros_mapped_on_write
 from inference.kv_groups import GroupedMetadata, kv_groups, model_windows
 from inference.models.llama import RotaryEmbedding
 from inference.models.registry import build_model, text_config
@@ -113,19 +113,14 @@ class ModelRunner:
             self.num_blocks = config.num_blocks * groups.pages_per_whole_block()
         else:
             self.num_blocks = max(1, config.kv_cache_memory_bytes // per_block)
-        self.kv_cache = torch.zeros(
-            2,
-            groups.group_size,
-            self.num_blocks,
-            self.block_size,
-            self.model.num_kv_heads,
-            self.model.head_dim,
-            dtype=self.kv_dtype,
-            device=self.device,
-        )
-        log.info("KV pool: %d %s of %d tokens (%.1f MiB)", self.num_blocks,
+        shape = (2, groups.group_size, self.num_blocks, self.block_size,
+                 self.model.num_kv_heads, self.model.head_dim)
+        mapped = self.device.type == "cpu"
+        self.kv_cache = (zeros_mapped_on_write(shape, self.kv_dtype) if mapped
+                         else torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
+        log.info("KV pool: %d %s of %d tokens (%.1f MiB%s)", self.num_blocks,
                  "pages" if groups.hybrid else "blocks", self.block_size,
-                 self.num_blocks * per_block / 2**20)
+                 self.num_blocks * per_block / 2**20, ", resident as written" if mapped else "")
 
     def cache_dtype(self, config: EngineConfig, stored_kind: str | None) -> torch.dtype:
         """The KV pool's dtype (EngineConfig.kv_dtype): "auto" takes bf16 for an fp32

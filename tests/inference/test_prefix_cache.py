@@ -3,6 +3,7 @@
 import random
 
 from inference import SamplingParams
+from inference.block_pool import BlockPool
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
@@ -90,9 +91,19 @@ def test_eviction_takes_least_recently_used_and_chain_tail_first(make_engine):
     [[rb]] = engine.generate([b + [5]], SamplingParams(max_tokens=1, temperature=0))
     [[ra]] = engine.generate([a + [5]], SamplingParams(max_tokens=1, temperature=0))
     assert rb.cached_tokens == 64
-    # b's extra block evicted the next of a's chain from the tail: a keeps its head.
-    assert ra.cached_tokens == 32
-    assert engine.metrics_snapshot()["evictions"] > 0
+    # b's extra block reused the long request's partial tail block (no hash, nothing
+    # to hit) instead of evicting the next of a's chain: a keeps its first 3 blocks.
+    assert ra.cached_tokens == 48
+
+
+def test_a_freed_block_without_a_hash_is_reused_before_a_cached_one_is_evicted():
+    pool = BlockPool(4)
+    cached, partial = pool.allocate(2)
+    pool.cache_block(cached, b"h", [1] * 16)
+    pool.free([partial, cached])  # a sequence frees its blocks tail first
+    # Two never-used blocks are at the front; the partial block goes before them too.
+    assert [b.block_id for b in pool.allocate(3)] == [partial.block_id, 2, 3]
+    assert pool.lookup(b"h") is cached and pool.num_evictions == 0
 
 
 def test_same_block_computed_twice_stays_findable_after_one_copy_is_evicted():
