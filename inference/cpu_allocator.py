@@ -17,6 +17,7 @@ import logging
 import math
 import mmap
 from functools import cache
+from pathlib import Path
 
 import torch
 
@@ -69,3 +70,15 @@ def zeros_mapped_on_write(shape: tuple[int, ...], dtype: torch.dtype) -> torch.T
     # The tensor holds a reference to the mapping, which lives as long as it does.
     buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).view(shape)
+
+
+def available_memory_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """What the kernel says it could give this process without swapping (MemAvailable),
+    or None where it does not say (not Linux)."""
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -8,7 +8,12 @@ import numpy as np
 import torch
 
 from inference.config import EngineConfig
-from inference.cpu_allocator import keep_heap_pages, release_free_heap, zeros_mapped_on_write
+from inference.cpu_allocator import (
+    available_memory_bytes,
+    keep_heap_pages,
+    release_free_heap,
+    zeros_mapped_on_write,
+)
 from inference.kv_groups import GroupedMetadata, kv_groups, model_windows
 from inference.models.llama import RotaryEmbedding
 from inference.models.registry import build_model, text_config
@@ -121,6 +126,14 @@ class ModelRunner:
         log.info("KV pool: %d %s of %d tokens (%.1f MiB%s)", self.num_blocks,
                  "pages" if groups.hybrid else "blocks", self.block_size,
                  self.num_blocks * per_block / 2**20, ", resident as written" if mapped else "")
+        available = available_memory_bytes() if mapped else None
+        if available is not None and self.kv_cache.nbytes > available:
+            # Mapped as written, a pool too large for the host starts fine and fails
+            # once its blocks fill: say so at start.
+            log.warning("the KV pool (%.0f MiB) is larger than the memory this host has "
+                        "available (%.0f MiB): the process may run out of it as the pool fills; "
+                        "lower LLM_KV_CACHE_BYTES or LLM_NUM_BLOCKS", self.kv_cache.nbytes / 2**20,
+                        available / 2**20)
 
     def cache_dtype(self, config: EngineConfig, stored_kind: str | None) -> torch.dtype:
         """The KV pool's dtype (EngineConfig.kv_dtype): "auto" takes bf16 for an fp32

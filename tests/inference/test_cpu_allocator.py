@@ -11,7 +11,11 @@ import torch
 from inference import async_engine, model_runner
 from inference.async_engine import AsyncEngine
 from inference.config import EngineConfig
-from inference.cpu_allocator import keep_heap_pages, zeros_mapped_on_write
+from inference.cpu_allocator import (
+    available_memory_bytes,
+    keep_heap_pages,
+    zeros_mapped_on_write,
+)
 from inference.llm_engine import LLMEngine
 from inference.sampling_params import SamplingParams
 
@@ -99,3 +103,25 @@ def test_an_async_engine_hands_freed_heap_back_once_each_time_it_goes_idle(
         assert trims_after(10) == 1
     finally:
         engine.shutdown()
+
+
+def test_available_memory_is_read_from_meminfo(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  2048000 kB\nMemFree:  100 kB\nMemAvailable:  1024 kB\n")
+    assert available_memory_bytes(str(meminfo)) == 1024 * 1024
+    assert available_memory_bytes(str(tmp_path / "missing")) is None
+
+
+def test_a_pool_larger_than_the_available_memory_is_warned_of_at_start(
+        tiny_model, monkeypatch, caplog):
+    def engine() -> LLMEngine:
+        return LLMEngine(EngineConfig(model=str(tiny_model), dtype="float32", num_blocks=64))
+
+    monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: 1 << 40)
+    with caplog.at_level("WARNING", logger="inference.model_runner"):
+        engine()
+    assert "larger than the memory this host has available" not in caplog.text
+    monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: 4096)
+    with caplog.at_level("WARNING", logger="inference.model_runner"):
+        engine()
+    assert "larger than the memory this host has available" in caplog.text
