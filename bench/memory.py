@@ -6,8 +6,11 @@ replay, for each weight dtype, on this process's kernel path.
 
 Each server starts alone on a fresh database, replays bench/serve.py's multi-turn
 workload (all conversations at once), and its VmRSS (resident now) and VmHWM (its
-peak) are read from /proc. The KV pool is the same size in bytes for every dtype
-(kv_cache_memory_bytes), so the differences are the weights'. Set
+peak) are read from /proc; after the replay, its resident memory by kind too (libraries,
+mapped files such as quantized weights, anonymous memory and its largest mapping, the
+KV pool) from /proc/<pid>/smaps. The KV pool has the same size in bytes for every dtype
+(kv_cache_memory_bytes), and on a CPU becomes resident as its blocks are written: what
+differs is the weights, and the bytes of the tokens the replay left cached. Set
 PREFIXCHAT_CPU_PATH (with kernels.cpu_features.LIBRARY_ENV's variables) to measure a
 lesser path.
 """
@@ -28,6 +31,32 @@ from bench.sizes import CHAT
 from kernels.cpu_features import cpu_path
 
 log = progress_log("bench memory")
+
+
+def resident_by_kind(smaps: str) -> dict[str, float]:
+    """A process's resident MiB by what its mappings hold, from /proc/<pid>/smaps text:
+    shared libraries, other mapped files (a quantized model's weights), and anonymous
+    memory (the heap, torch's tensors, the KV pool). The largest anonymous mapping is
+    given apart: in our server, the KV pool's (a mapping of its own, resident as
+    written)."""
+    kinds = {"libraries": 0, "files": 0, "anonymous": 0}
+    largest = 0
+    kind = "anonymous"
+    for line in smaps.splitlines():
+        head, _, rest = line.partition(" ")
+        if "-" in head and ":" not in head:  # a mapping's first line: perms, offset, ...
+            fields = rest.split(maxsplit=4)
+            name = fields[4].strip() if len(fields) > 4 else ""
+            kind = ("libraries" if ".so" in name.rsplit("/", 1)[-1]
+                    else "files" if name.startswith("/") else "anonymous")
+        elif head == "Rss:":
+            size = int(rest.split()[0])  # kB
+            kinds[kind] += size
+            if kind == "anonymous":
+                largest = max(largest, size)
+    out = {k: v / 1024 for k, v in kinds.items()}
+    out["largest_anonymous"] = largest / 1024
+    return out
 
 
 def rss_mib(pid: int) -> dict[str, float]:
@@ -56,11 +85,12 @@ def measure(dtype: str, args: argparse.Namespace, logs: Path) -> dict:
             if replay.returncode:
                 raise SystemExit(f"the replay failed:\n{replay.stderr[-3000:]}")
             after = rss_mib(server.proc.pid)
+            kinds = resident_by_kind(Path(f"/proc/{server.proc.pid}/smaps").read_text())
         finally:
             server.stop()
     return {"weight_dtype": dtype, "cpu_path": server.cpu_path,
             "rss_after_start_mib": started["VmRSS"], "rss_after_replay_mib": after["VmRSS"],
-            "peak_mib": after["VmHWM"]}
+            "peak_mib": after["VmHWM"], "after_replay_by_kind_mib": kinds}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -84,6 +114,12 @@ def main(argv: list[str] | None = None) -> dict:
         ratio = r["rss_after_replay_mib"] / base["rss_after_replay_mib"] if base else float("nan")
         print(f"{r['weight_dtype']:8s} {r['cpu_path']:12s} {r['rss_after_start_mib']:10.0f} "
               f"{r['rss_after_replay_mib']:10.0f} {r['peak_mib']:9.0f} {ratio:7.2f}")
+    print("after the replay, by kind (MiB): libraries, mapped files, anonymous (its largest "
+          "mapping: the KV pool)")
+    for r in runs:
+        k = r["after_replay_by_kind_mib"]
+        print(f"{r['weight_dtype']:8s} {k['libraries']:10.0f} {k['files']:10.0f} "
+              f"{k['anonymous']:10.0f} ({k['largest_anonymous']:.0f})")
     data = {"kind": "memory", "cpu_path": cpu_path(), "conversations": args.conversations,
             "turns": args.turns, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
