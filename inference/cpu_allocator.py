@@ -16,6 +16,7 @@ import ctypes.util
 import logging
 import math
 import mmap
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -27,16 +28,24 @@ M_TOP_PAD = -2  # glibc's mallopt parameter number
 TOP_PAD_BYTES = 64 << 20
 
 
+@cache
+def _glibc_function(name: str, argtypes: tuple) -> Callable | None:
+    """A function of glibc's malloc, or None where the C library isn't glibc (musl,
+    macOS, Windows). Looked up once: find_library runs a subprocess (1-3 ms), and the
+    trim runs each time an engine goes idle."""
+    try:
+        function = getattr(ctypes.CDLL(ctypes.util.find_library("c")), name)
+    except (OSError, AttributeError, TypeError):
+        return None
+    function.argtypes = argtypes
+    return function
+
+
 @cache  # a process-wide setting: once is enough, however many engines start
 def keep_heap_pages(top_pad: int = TOP_PAD_BYTES) -> bool:
     """Set glibc's M_TOP_PAD for this process; False where the C library isn't glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows)
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    ok = bool(mallopt(M_TOP_PAD, top_pad))
+    mallopt = _glibc_function("mallopt", (ctypes.c_int, ctypes.c_int))
+    ok = mallopt is not None and bool(mallopt(M_TOP_PAD, top_pad))
     if ok:
         log.info("glibc keeps %d MiB of freed heap mapped", top_pad >> 20)
     return ok
@@ -48,12 +57,9 @@ def release_free_heap() -> bool:
     storage freed lie in pieces of a few MB inside the heap, which glibc keeps
     resident otherwise (an int4 SmolLM2 engine stayed as large as an fp32 one). False
     where the C library isn't glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError, TypeError):
+    trim = _glibc_function("malloc_trim", (ctypes.c_size_t,))
+    if trim is None:
         return False
-    trim.argtypes = (ctypes.c_size_t,)
     trim(0)
     return True
 

@@ -132,7 +132,7 @@ class ModelRunner:
             # once its blocks fill: say so at start.
             log.warning("the KV pool (%.0f MiB) is larger than the memory this host has "
                         "available (%.0f MiB): the process may run out of it as the pool fills; "
-                        "lower LLM_KV_CACHE_BYTES or LLM_NUM_BLOCKS", self.kv_cache.nbytes / 2**20,
+                        "lower kv_cache_memory_bytes or num_blocks (LLM_KV_CACHE_BYTES, LLM_NUM_BLOCKS)", self.kv_cache.nbytes / 2**20,
                         available / 2**20)
 
     def cache_dtype(self, config: EngineConfig, stored_kind: str | None) -> torch.dtype:
