@@ -1,11 +1,12 @@
-"""Single-stream decode over a long context with fp32 and with bf16 K/V, on this
+"""Single-stream decode over a long context with fp32, bf16 and int8 K/V, on this
 process's kernel path (EngineConfig.kv_dtype):
 
     python -m bench kv-dtype [--weight-dtypes int4] [--contexts 32,512,1024,2048]
         [--new-tokens 64] [--rounds 3] [--out bench-results/kv_dtype.json]
 
-For each weight dtype, an fp32 engine with fp32 K/V and one with bf16 K/V (its
-compact cache); where the path computes in bf16, the bf16 engine alone. At each context
+For each weight dtype, an fp32 engine with fp32 K/V, one with bf16 K/V and one with
+int8 rows (kernels/kv_quant, its default compact cache); where the path computes in
+bf16, the bf16 engine alone. At each context
 length, one sequence's prompt of that many tokens is cached first, then a prompt one
 token longer decodes --new-tokens greedy tokens: tokens/s after the first, the median
 over --rounds rounds in which the engines take turns. Also the KV bytes a token costs.
@@ -27,7 +28,7 @@ from kernels.cpu_features import cpu_path
 
 log = progress_log("bench kv-dtype")
 
-KV_DTYPES = ("float32", "bfloat16")
+KV_DTYPES = ("float32", "bfloat16", "int8")
 
 
 def decode_rate(engine: LLMEngine, context: list[int], new_tokens: int) -> float:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench import cli
 from bench.report import progress_log
-from bench.servers import ServerSettings, start_ours
+from bench.servers import ServerSettings, readyz_field, start_ours
 from bench.sizes import CHAT
 from kernels.cpu_features import cpu_path
 
@@ -75,6 +75,7 @@ def measure(dtype: str, args: argparse.Namespace, logs: Path) -> dict:
                             Path(tmp) / "db.sqlite3")
         try:
             started = rss_mib(server.proc.pid)
+            kv_dtype = readyz_field(server.url, "kv_dtype")
             replay = subprocess.run(
                 [sys.executable, "-m", "bench", "serve", "--url", server.url, "--api-key",
                  server.api_key, "--workload", "multiturn", "--num-conversations",
@@ -88,7 +89,7 @@ def measure(dtype: str, args: argparse.Namespace, logs: Path) -> dict:
             kinds = resident_by_kind(Path(f"/proc/{server.proc.pid}/smaps").read_text())
         finally:
             server.stop()
-    return {"weight_dtype": dtype, "cpu_path": server.cpu_path,
+    return {"weight_dtype": dtype, "cpu_path": server.cpu_path, "kv_dtype": kv_dtype,
             "rss_after_start_mib": started["VmRSS"], "rss_after_replay_mib": after["VmRSS"],
             "peak_mib": after["VmHWM"], "after_replay_by_kind_mib": kinds}
 
@@ -108,11 +109,12 @@ def main(argv: list[str] | None = None) -> dict:
         runs.append(measure(dtype, args, args.logs))
     base = next((r for r in runs if r["weight_dtype"] == "fp32"), None)
     print(f"kernel path: {cpu_path()}")
-    print(f"{'weights':8s} {'path':12s} {'start MiB':>10s} {'after MiB':>10s} {'peak MiB':>9s}"
-          f" {'/ fp32':>7s}")
+    print(f"{'weights':8s} {'path':12s} {'KV':>9s} {'start MiB':>10s} {'after MiB':>10s} "
+          f"{'peak MiB':>9s} {'/ fp32':>7s}")
     for r in runs:
         ratio = r["rss_after_replay_mib"] / base["rss_after_replay_mib"] if base else float("nan")
-        print(f"{r['weight_dtype']:8s} {r['cpu_path']:12s} {r['rss_after_start_mib']:10.0f} "
+        print(f"{r['weight_dtype']:8s} {r['cpu_path']:12s} {r['kv_dtype'] or '?':>9s} "
+              f"{r['rss_after_start_mib']:10.0f} "
               f"{r['rss_after_replay_mib']:10.0f} {r['peak_mib']:9.0f} {ratio:7.2f}")
     print("after the replay, by kind (MiB): libraries, mapped files, anonymous (its largest "
           "mapping: the KV pool)")

@@ -146,6 +146,12 @@ def readyz_cpu_path(url: str, timeout_s: float = 5) -> str | None:
     """The `cpu_path` of our server's /readyz JSON (top level, or its model check's,
     where the dashboard reports the loaded engine's), None where it has none (an older
     server) or does not answer."""
+    return readyz_field(url, "cpu_path", timeout_s)
+
+
+def readyz_field(url: str, name: str, timeout_s: float = 5) -> str | None:
+    """A string field of our server's /readyz JSON that names how its engine runs
+    (cpu_path, dtype, weight_dtype, kv_dtype), as readyz_cpu_path finds it."""
     try:
         with urllib.request.urlopen(url + "/readyz", timeout=timeout_s) as response:
             body = json.loads(response.read())
@@ -156,9 +162,9 @@ def readyz_cpu_path(url: str, timeout_s: float = 5) -> str | None:
     checks = body.get("checks")
     model = checks.get("model") if isinstance(checks, dict) else None
     for where in (body, model if isinstance(model, dict) else {}):
-        path = where.get("cpu_path")
-        if isinstance(path, str) and path:
-            return path
+        value = where.get(name)
+        if isinstance(value, str) and value:
+            return value
     return None
 
 

@@ -10,7 +10,7 @@ from kernels.cpu_features import has_native_bf16
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 WEIGHT_DTYPES = ("auto", "bf16", "fp32", "int8", "int4")
-KV_DTYPES = ("auto", "bfloat16", "float32", "float16")
+KV_DTYPES = ("auto", "bfloat16", "float32", "float16", "int8")
 
 
 def default_dtype(device: str) -> str:
@@ -60,13 +60,15 @@ class EngineConfig:
     # "int4" (Q4_1, the head Q8_0) quantize them at load (inference/quantize.layer_kind,
     # kernels/quant_linear).
     weight_dtype: str = "auto"
-    # The KV pool's dtype. "auto": bf16 for an fp32 engine on CPU whose weights are stored
-    # compactly (bf16, int8, int4: what weight_dtype="auto" gives on every CPU without
-    # native bf16), as llama.cpp keeps an f16 KV cache; otherwise the compute dtype. A
-    # bf16 cache halves the bytes each decode step streams from a long context (the fp32
-    # kernels widen it in registers, the arithmetic stays fp32) and holds twice the
-    # tokens in the same kv_cache_memory_bytes. Otherwise only the compute dtype, or
-    # bf16 under fp32 on a CPU.
+    # The KV pool's dtype. "auto": "int8" for an fp32 engine on CPU whose weights are
+    # stored compactly (bf16, int8, int4: what weight_dtype="auto" gives on every CPU
+    # without native bf16); otherwise the compute dtype. "int8" keeps each token's K
+    # and V of a head as 8-bit values with an fp32 scale (kernels/kv_quant): 53 % of a
+    # bf16 cache's bytes and 27 % of fp32's, so the same kv_cache_memory_bytes holds
+    # about twice bf16's tokens and a decode step streams half the bytes from a long
+    # context (the fp32 kernels widen the rows in registers; the arithmetic stays
+    # fp32). "bfloat16" keeps 16 bits a value. Otherwise only the compute dtype, or
+    # bf16 or int8 under fp32 on a CPU.
     kv_dtype: str = "auto"
     # Label used for metrics and the dashboard ("web", "worker@host").
     engine_id: str = "embedded"
@@ -119,10 +121,11 @@ class EngineConfig:
                 + ", ".join(map(repr, KV_DTYPES))
             )
         if self.kv_dtype not in ("auto", self.dtype) and not (
-                self.kv_dtype == "bfloat16" and self.dtype == "float32" and self.device == "cpu"):
+                self.kv_dtype in ("bfloat16", "int8") and self.dtype == "float32"
+                and self.device == "cpu"):
             raise ValueError(f"kv_dtype {self.kv_dtype!r} under dtype {self.dtype!r} on "
                              f"{self.device}: the KV cache keeps the compute dtype, or bf16 "
-                             "under fp32 on a CPU")
+                             "or int8 under fp32 on a CPU")
         if self.hash_algorithm not in ("sha256", "xxhash"):
             raise ValueError(f"unsupported hash algorithm {self.hash_algorithm!r}")
 

@@ -19,6 +19,7 @@ from inference.models.llama import RotaryEmbedding
 from inference.models.registry import build_model, text_config
 from inference.quantize import cached_weights, quantize_model, quantized_cache_file
 from inference.sequence import Sequence
+from kernels import kv_quant
 from kernels.attention import AttentionMetadata
 from kernels.cpu_features import cpu_path
 
@@ -28,16 +29,23 @@ log = logging.getLogger(__name__)
 def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype,
                        layers: int | None = None) -> int:
     """K and V of every layer (or of `layers` of them: a KV group's page) for one block
-    of tokens; the head_dim is the config's own where it has one (Qwen3, Gemma 3),
+    of tokens in a pool of dtype (kv_quant.POOL_DTYPE: int8 rows); the head_dim is the
+    config's own where it has one (Qwen3, Gemma 3),
     which need not be hidden / heads."""
     model_config = text_config(model_config)
     heads = model_config.num_key_value_heads
     head_dim = getattr(model_config, "head_dim", None) or (
         model_config.hidden_size // model_config.num_attention_heads
     )
-    elem = torch.finfo(dtype).bits // 8
+    # An int8 pool's rows carry their scale (kernels/kv_quant).
+    row = kv_quant.row_width(head_dim) if dtype == kv_quant.POOL_DTYPE else head_dim
     layers = model_config.num_hidden_layers if layers is None else layers
-    return 2 * layers * block_size * heads * head_dim * elem
+    return 2 * layers * block_size * heads * row * dtype.itemsize
+
+
+def kv_dtype_name(dtype: torch.dtype) -> str:
+    """EngineConfig.kv_dtype's name for a pool dtype ("int8" for int8 rows)."""
+    return "int8" if dtype == kv_quant.POOL_DTYPE else str(dtype).removeprefix("torch.")
 
 
 class ModelRunner:
@@ -73,7 +81,7 @@ class ModelRunner:
         if self.device.type == "cpu":
             release_free_heap()
         self.kv_dtype = self.cache_dtype(config, kind)
-        config.kv_dtype = str(self.kv_dtype).removeprefix("torch.")  # "auto" resolved
+        config.kv_dtype = kv_dtype_name(self.kv_dtype)  # "auto" resolved
         # The kernel path (kernels.cpu_features) the engine took, for logs and metrics.
         self.cpu_path = cpu_path() if self.device.type == "cpu" else self.device.type
         log.info("kernel path: %s (%s activations, %s weights, %s KV cache)", self.cpu_path,
@@ -118,8 +126,11 @@ class ModelRunner:
             self.num_blocks = config.num_blocks * groups.pages_per_whole_block()
         else:
             self.num_blocks = max(1, config.kv_cache_memory_bytes // per_block)
+        row = self.model.head_dim
+        if self.kv_dtype == kv_quant.POOL_DTYPE:
+            row = kv_quant.row_width(row)
         shape = (2, groups.group_size, self.num_blocks, self.block_size,
-                 self.model.num_kv_heads, self.model.head_dim)
+                 self.model.num_kv_heads, row)
         mapped = self.device.type == "cpu"
         self.kv_cache = (zeros_mapped_on_write(shape, self.kv_dtype) if mapped
                          else torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
@@ -136,13 +147,16 @@ class ModelRunner:
                         available / 2**20)
 
     def cache_dtype(self, config: EngineConfig, stored_kind: str | None) -> torch.dtype:
-        """The KV pool's dtype (EngineConfig.kv_dtype): "auto" takes bf16 for an fp32
-        engine on a CPU whose weights are stored compactly, else the compute dtype."""
+        """The KV pool's dtype (EngineConfig.kv_dtype; kv_quant.POOL_DTYPE for int8
+        rows): "auto" takes int8 rows for an fp32 engine on a CPU whose weights are
+        stored compactly, else the compute dtype."""
+        if config.kv_dtype == "int8":
+            return kv_quant.POOL_DTYPE
         if config.kv_dtype != "auto":
             return getattr(torch, config.kv_dtype)
         compact = stored_kind is not None
         if compact and self.dtype == torch.float32 and self.device.type == "cpu":
-            return torch.bfloat16
+            return kv_quant.POOL_DTYPE
         return self.dtype
 
     def stored_kind(self, config: EngineConfig) -> str | None:

@@ -5,8 +5,9 @@ parts that torch does slowly there to the C kernels of kernels/cpu_kernels where
 those run).
 
 Layout (as nano-vllm): one cache tensor per layer for K and one for V, shaped
-[num_blocks, block_size, num_kv_heads, head_dim]. A token's slot is
-block_id * block_size + offset; slot -1 means "don't store".
+[num_blocks, block_size, num_kv_heads, head_dim] (an int8 cache: rows of head_dim + 4
+bytes, kernels/kv_quant). A token's slot is block_id * block_size + offset; slot -1
+means "don't store".
 
 """
 
@@ -18,7 +19,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_kernels, f32_kernels
+from kernels import cpu_kernels, f32_kernels, kv_quant
 from kernels.cpu_features import has_amx
 
 
@@ -217,21 +218,27 @@ def store_kvcache(
     slot_mapping: torch.Tensor,
     all_valid: bool | None = None,
 ) -> None:
-    """Write key/value [num_tokens, kv_heads, head_dim] into their cache slots;
-    all_valid=True (AttentionMetadata.all_slots_valid) skips the per-call check."""
-    num_kv_heads, head_dim = key.shape[1], key.shape[2]
+    """Write key/value [num_tokens, kv_heads, head_dim] into their cache slots (an int8
+    cache takes them quantized, kernels/kv_quant); all_valid=True
+    (AttentionMetadata.all_slots_valid) skips the per-call check."""
     if not all_valid:
         keep = slot_mapping >= 0
         if not bool(keep.all()):
             key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    if kv_quant.is_quantized(k_cache):
+        key, value = kv_quant.quantize(key), kv_quant.quantize(value)
+    rows = k_cache.shape[2:]
+    k_cache.view(-1, *rows).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, *rows).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
 def widened(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """K or V read from the cache, in the queries' dtype: a bf16 cache under an fp32
-    model (a compact KV cache, EngineConfig.kv_dtype) is widened once read, so the
-    attention's arithmetic stays fp32. Queries are never narrower than the cache."""
+    """K or V read from the cache, in the queries' dtype: a bf16 or int8 cache under an
+    fp32 model (a compact KV cache, EngineConfig.kv_dtype) is widened (int8: scaled,
+    kernels/kv_quant) once read, so the attention's arithmetic stays fp32. Queries are
+    never narrower than the cache."""
+    if kv_quant.is_quantized(kv):
+        return kv_quant.dequantize(kv, dtype)
     return kv if kv.dtype == dtype else kv.to(dtype)
 
 
@@ -379,7 +386,7 @@ def _prefill_batch_attention(
     dominate even with AMX (docs/benchmarks.md, "CPU kernels"). Elsewhere, or past
     _MAX_SCORES, one flash call."""
     b = p.tables.shape[0]
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    kv_heads, head_dim = k_cache.shape[2], query.shape[2]
     heads = query.shape[1]
     group = heads // kv_heads
     rows = group * p.n_max
@@ -549,7 +556,7 @@ def _decode_attention(
     """Attention of the decode rows' queries [B, H, D], one per sequence of d.
 
     In bf16 on a CPU where kernels/cpu_kernels runs (in fp32, kernels/f32_kernels, over
-    an fp32 or bf16 cache), its C kernel reads K/V in place
+    an fp32, bf16 or int8 cache), its C kernel reads K/V in place
     through the block tables, with no gather and no padding to the longest context
     (several times faster than gathering the blocks for one padded flash call:
     docs/benchmarks.md). Otherwise, one flash-attention call padded to the longest
@@ -568,7 +575,7 @@ def _decode_attention(
         q = query.to(k_cache.dtype).contiguous()
         return cpu_kernels.paged_decode_attention(q, k_cache, v_cache, d.tables, d.lens, scale)
     b = d.tables.shape[0]
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    kv_heads, head_dim = k_cache.shape[2], query.shape[2]
     group = query.shape[1] // kv_heads
     # index_select on the flattened table: cheaper than advanced indexing on CPU.
     blocks = d.tables.reshape(-1)
@@ -583,7 +590,7 @@ def _decode_attention(
 
 def _f32_decode_runs(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether fp32 decode queries take kernels/f32_kernels's C kernel over this cache
-    (fp32, or bf16 widened in registers)."""
+    (fp32, or bf16 or int8 widened in registers)."""
     return query.is_cpu and query.dtype == torch.float32 and f32_kernels.runs_decode(k_cache)
 
 
@@ -667,7 +674,7 @@ def _windowed_decode(
         return f32_kernels.paged_decode_attention(query.contiguous(), k_cache, v_cache,
                                                   d.tables, d.lens, scale, window)
     b = d.tables.shape[0]
-    block_size, kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    block_size, kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], query.shape[2]
     group = query.shape[1] // kv_heads
     first_block = max(0, int(d.lens.min()) - window) // block_size
     tables = d.tables[:, first_block:]

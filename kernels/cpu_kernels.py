@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import c_build, quant_layout
+from kernels import c_build, kv_quant, quant_layout
 from kernels.c_build import compiler
 from kernels.cpu_features import AVX512_BF16_FLAGS, cpu_path
 
@@ -213,7 +213,7 @@ def check_paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     cache_dtypes), of one shape and dtype, heads a multiple of the KV heads, int64
     tables and lens, one of each per query."""
     batch, heads, head_dim = query.shape
-    kv_heads, cache_dim = k_cache.shape[2], k_cache.shape[3]
+    kv_heads, cache_dim = k_cache.shape[2], kv_quant.head_dim_of(k_cache)
     cache_dtypes = cache_dtypes or (dtype,)
     if not (all(t.is_cpu and t.is_contiguous() for t in (query, k_cache, v_cache))
             and query.dtype == dtype and k_cache.dtype in cache_dtypes

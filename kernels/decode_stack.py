@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import cpu_kernels, f32_kernels
+from kernels import cpu_kernels, f32_kernels, kv_quant
 from kernels.quant_layout import padded
 from kernels.quant_linear import QuantizedWeight
 
@@ -72,7 +72,7 @@ class _Model(ctypes.Structure):
         ("act", ctypes.c_int64),
         ("kv_layers", ctypes.c_int64),
         ("table_group_stride", ctypes.c_int64),
-        ("kv_bf16", ctypes.c_int64),
+        ("kv_kind", ctypes.c_int64),
     ]
 
 
@@ -235,16 +235,18 @@ class DecodeStack:
     def runs(self, rows: int, kv_cache: torch.Tensor) -> bool:
         """True where the step takes these: 1..max_rows rows and a contiguous CPU cache
         [2, layers, blocks, block_size, kv_heads, head_dim] in the step's dtype, or in
-        bf16 for the fp32 step (layers: a KV group's slots, with groups)."""
+        bf16 or int8 rows (kernels/kv_quant) for the fp32 step (layers: a KV group's
+        slots, with groups)."""
         return (
             0 < rows <= self.max_rows
             and (kv_cache.dtype == self.dtype
-                 or self.dtype == torch.float32 and kv_cache.dtype == torch.bfloat16)
+                 or self.dtype == torch.float32 and kv_cache.dtype in f32_kernels.CACHE_DTYPES)
             and kv_cache.is_cpu
             and kv_cache.is_contiguous()
             and kv_cache.dim() == 6
             and kv_cache.shape[:2] == (2, self.kv_layers)
-            and kv_cache.shape[4:] == (self.kv_heads, self.head_dim)
+            and kv_cache.shape[4] == self.kv_heads
+            and kv_quant.head_dim_of(kv_cache) == self.head_dim
         )
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -279,7 +281,8 @@ class DecodeStack:
             raise ValueError("every row attends to at least its own token")
         self._model.block_size = block_size
         self._model.table_group_stride = tables.stride(0) if self.groups > 1 else 0
-        self._model.kv_bf16 = int(kv_cache.dtype != self.dtype)
+        self._model.kv_kind = (f32_kernels.CACHE_KINDS[kv_cache.dtype]
+                               if self.dtype == torch.float32 else 0)
         out = torch.empty_like(x)
         lib = cpu_kernels.loaded() if self.dtype == torch.bfloat16 else f32_kernels.loaded()
         step = lib.decode_stack if self.dtype == torch.bfloat16 else lib.f32_decode_stack

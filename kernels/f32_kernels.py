@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import c_build, quant_layout
+from kernels import c_build, kv_quant, quant_layout
 from kernels.c_build import compiler
 from kernels.cpu_features import AVX2_FLAGS, cpu_flags, cpu_path
 from kernels.cpu_kernels import check_paged_decode
@@ -139,14 +139,16 @@ def dequantize(kind: str, data: torch.Tensor, scale: torch.Tensor | None,
     return dst
 
 
-# The caches the fp32 kernels read: fp32, or bf16 widened in registers (half the bytes).
-CACHE_DTYPES = (torch.float32, torch.bfloat16)
+# The caches the fp32 kernels read, by the kind csrc/f32/decode.c calls them: fp32, bf16
+# widened in registers (half the bytes), or int8 rows with a scale (kernels/kv_quant).
+CACHE_KINDS = {torch.float32: 0, torch.bfloat16: 1, kv_quant.POOL_DTYPE: 2}
+CACHE_DTYPES = tuple(CACHE_KINDS)
 
 
 def runs_decode(k_cache: torch.Tensor) -> bool:
-    """True where paged_decode_attention takes this cache: fp32 or bf16 on the CPU,
-    contiguous, head_dim a multiple of 8 up to 256, and the kernels here."""
-    head_dim = k_cache.shape[-1]
+    """True where paged_decode_attention takes this cache: fp32, bf16 or int8 rows on
+    the CPU, contiguous, head_dim a multiple of 8 up to 256, and the kernels here."""
+    head_dim = kv_quant.head_dim_of(k_cache)
     return (head_dim % 8 == 0 and 0 < head_dim <= 256 and k_cache.dtype in CACHE_DTYPES
             and k_cache.is_cpu and k_cache.is_contiguous() and available())
 
@@ -155,9 +157,9 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                            tables: torch.Tensor, lens: torch.Tensor, scale: float,
                            window: int | None = None) -> torch.Tensor:
     """Attention of one query token per sequence, query [B, H, D], over its first
-    lens[b] cached tokens read through tables from fp32 or bf16 caches [blocks,
-    block_size, kv_heads, D]: fp32 [B, H, D]. A sliding window sees only the last
-    `window` of them."""
+    lens[b] cached tokens read through tables from fp32, bf16 or int8 caches [blocks,
+    block_size, kv_heads, D] (int8: rows of D + 4 bytes): fp32 [B, H, D]. A sliding
+    window sees only the last `window` of them."""
     lib = loaded()
     check_paged_decode(query, k_cache, v_cache, tables, lens, torch.float32, CACHE_DTYPES)
     batch, heads, head_dim = query.shape
@@ -166,7 +168,7 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     rc = lib.f32_paged_decode_attention(
         query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
         tables.stride(0), lens.data_ptr(), out.data_ptr(), batch, heads, kv_heads, head_dim,
-        block_size, scale, window or 0, int(k_cache.dtype == torch.bfloat16),
+        block_size, scale, window or 0, CACHE_KINDS[k_cache.dtype],
         torch.get_num_threads(),
     )
     if rc == 2:

@@ -43,9 +43,10 @@ typedef struct {
     const void *norm; /* the final norm's weight */
     int64_t act;      /* STACK_SILU or STACK_GELU_TANH (the fp32 step only) */
     /* The fp32 step: the cache's layer axis, and how far apart (in int64s) the KV
-       groups' block tables lie; group g's slots are slots + g * rows; whether the
-       cache holds bf16 (widened in registers) rather than fp32. */
-    int64_t kv_layers, table_group_stride, kv_bf16;
+       groups' block tables lie; group g's slots are slots + g * rows; what the cache
+       holds: 0 fp32, 1 bf16 (widened in registers), 2 int8 rows with a scale
+       (f32/decode.c). */
+    int64_t kv_layers, table_group_stride, kv_kind;
 } stack_model;
 
 /* The widest padded input and the widest output of any layer's matmuls: the sizes

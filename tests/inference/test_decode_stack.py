@@ -9,7 +9,7 @@ import torch
 from bench import quant_quality as quality
 from inference import EngineConfig, LLMEngine
 from inference.models.llama import Linear
-from kernels import cpu_kernels
+from kernels import cpu_kernels, kv_quant
 from kernels.c_build import compiler
 from kernels.cpu_features import cpu_path
 from kernels.decode_stack import DecodeStack, StackLayer
@@ -22,10 +22,11 @@ STEP_DTYPES = ["float32", "bfloat16"] if BF16_HERE else ["float32"]
 # Weight dtypes each step reads: stored (quantized, bf16 in an fp32 step) or plain.
 STEP_WEIGHTS = {"bfloat16": ["int8", "int4", "bf16"], "float32": ["int8", "int4", "bf16", "fp32"]}
 CASES = [(d, w) for d in STEP_DTYPES for w in STEP_WEIGHTS[d]]
-# The fp32 step's KV caches: "auto" (bf16 under compact weights, fp32 under fp32 ones)
-# and each dtype set against the grain.
+# The fp32 step's KV caches: "auto" (int8 rows under compact weights, fp32 under fp32
+# ones) and each dtype set against the grain.
 KV_CASES = [(d, w, "auto") for d, w in CASES] + [
-    ("float32", "int4", "float32"), ("float32", "fp32", "bfloat16")]
+    ("float32", "int4", "float32"), ("float32", "int4", "bfloat16"),
+    ("float32", "fp32", "bfloat16"), ("float32", "fp32", "int8")]
 needs_bf16 = pytest.mark.skipif(not BF16_HERE, reason="the bf16 step is avx512-bf16's")
 
 PROMPTS = [[5, 17, 300, 42], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23],
@@ -98,8 +99,9 @@ def test_a_decode_step_computes_what_the_torch_forward_does(
     eng = engine(request.getfixturevalue(model_name), tmp_path, weight_dtype, dtype=dtype,
                  kv_dtype=kv_dtype)
     compact = weight_dtype != "fp32" and dtype == "float32"
-    auto = torch.bfloat16 if compact else getattr(torch, dtype)
-    want_kv = auto if kv_dtype == "auto" else getattr(torch, kv_dtype)
+    auto = kv_quant.POOL_DTYPE if compact else getattr(torch, dtype)
+    want_kv = (auto if kv_dtype == "auto" else kv_quant.POOL_DTYPE if kv_dtype == "int8"
+               else getattr(torch, kv_dtype))
     assert eng.runner.kv_cache.dtype == want_kv
     for i, p in enumerate(PROMPTS):
         eng.add_request(f"r{i}", p, quality.greedy(8))
@@ -108,6 +110,16 @@ def test_a_decode_step_computes_what_the_torch_forward_does(
     h_stack, kv_stack = one_decode_step(eng, use_stack=True)
     h_torch, kv_torch = one_decode_step(eng, use_stack=False)
     assert not torch.equal(kv_stack, eng.runner.kv_cache)  # the step stored its K/V
+    if want_kv == kv_quant.POOL_DTYPE:
+        # fp32 K/V that agree to about 1e-5, quantized alike (kv_quant, bit for bit in
+        # the C store): the same rows but where a value lies by a rounding edge (one step
+        # apart).
+        stack, torch_rows = kv_quant.dequantize(kv_stack), kv_quant.dequantize(kv_torch)
+        assert (kv_stack != kv_torch).float().mean() < 0.01
+        step = stack.abs().amax(-1, keepdim=True) / 127
+        assert ((stack - torch_rows).abs() <= step * 1.01 + 1e-6).all()
+        torch.testing.assert_close(h_stack, h_torch, rtol=1e-3, atol=1e-3)
+        return
     if dtype == "float32" and want_kv == torch.bfloat16:
         # fp32 K/V that agree to about 1e-5, rounded to bf16: equal but where one lies
         # by a rounding edge (one bf16 step apart); the attention widens them alike.

@@ -338,3 +338,33 @@ def test_an_idle_async_engine_writes_its_pool_to_kv_dir_once(tiered, tmp_path, m
         assert sum(passes) == len(list(tmp_path.glob("*.kv"))) >= 80 // BS
     finally:
         aengine.shutdown()
+
+
+def test_an_int8_pool_round_trips_through_memory_and_disk(tiered, make_engine, tmp_path,
+                                                          caplog):
+    """int8 rows (kernels/kv_quant) leave and come back as the bytes they were: the
+    restored blocks give the logits a fresh int8 engine computes; a bf16 pool's
+    directory is never read into an int8 one."""
+    engine = tiered(kv_dtype="int8", kv_dir=str(tmp_path / "int8"))
+    assert engine.runner.kv_cache.dtype == torch.uint8
+    assert engine.kv_tier.block_bytes == engine.runner.kv_cache[:, :, 0].nbytes
+    prompt = rand_ids(64, 21)
+    run(engine, prompt + [5])
+    evict_everything(engine)
+    ids = prompt + rand_ids(20, 22)
+    cached, restored = logits_after_cache(engine, ids)
+    assert cached == 64 and engine.metrics_snapshot()["kv_tier_restores"] == 4
+    _, ref = logits_after_cache(make_engine(kv_dtype="int8", enable_prefix_caching=False), ids)
+    # The same rows: equal logits but where a K/V value of the two prefills' fp32 sums
+    # lies by a rounding edge (one int8 step apart).
+    torch.testing.assert_close(restored, ref[cached:], rtol=0, atol=1e-3)
+    engine.close()
+    again = tiered(kv_dtype="int8", kv_offload_bytes=0, kv_dir=str(tmp_path / "int8"))
+    assert run(again, prompt + [6]).prefix_cache.tier_tokens == 64
+    bf16 = tiered(kv_dtype="bfloat16", kv_offload_bytes=0, kv_dir=str(tmp_path / "bf16"))
+    run(bf16, prompt + [5])
+    bf16.close()
+    with caplog.at_level(logging.WARNING, logger="inference.kv_offload"):
+        other = tiered(kv_dtype="int8", kv_offload_bytes=0, kv_dir=str(tmp_path / "bf16"))
+    assert other.metrics_snapshot()["kv_tier_disk_blocks"] == 0
+    assert run(other, prompt + [5]).prefix_cache.reason == "cold"

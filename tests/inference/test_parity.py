@@ -7,6 +7,7 @@ import torch
 
 from inference import EngineConfig, LLMEngine, SamplingParams
 from inference.sequence import Sequence
+from kernels import kv_quant
 
 TOL = 1e-3
 
@@ -104,14 +105,16 @@ def test_smollm2_logits_match_transformers(smollm2_engine, smollm2_hf):
 
 
 @pytest.mark.model
-def test_a_bf16_kv_cache_keeps_smollm2_within_the_agreement_bounds(smollm2_hf):
-    """An fp32 engine over the shipped int4 weights keeps bf16 K/V by default (its
-    compact cache): over 300 tokens, prefilled and then decoded one at a time, its
-    next-token choices agree with transformers' fp32 ones on >= 95 % of positions and
-    its distributions lie within 0.005 nats a token (KL); with the cache on and off,
-    greedy replies are the same."""
-    engine = LLMEngine(EngineConfig(dtype="float32", num_blocks=256))
-    assert engine.runner.kv_cache.dtype == torch.bfloat16
+@pytest.mark.parametrize("kv_dtype", ["auto", "bfloat16"])
+def test_a_compact_kv_cache_keeps_smollm2_within_the_agreement_bounds(smollm2_hf, kv_dtype):
+    """An fp32 engine over the shipped int4 weights keeps int8 K/V rows by default (its
+    compact cache), or bf16 K/V when asked: over 300 tokens, prefilled and then decoded
+    one at a time, its next-token choices agree with transformers' fp32 ones on >= 95 %
+    of positions and its distributions lie within 0.005 nats a token (KL); with the
+    cache on and off, greedy replies are the same."""
+    engine = LLMEngine(EngineConfig(dtype="float32", num_blocks=256, kv_dtype=kv_dtype))
+    want = kv_quant.POOL_DTYPE if kv_dtype == "auto" else torch.bfloat16
+    assert engine.runner.kv_cache.dtype == want
     tok = engine.tokenizer
     text = " ".join(PROMPTS) + " " + ("Paged attention keeps each sequence's keys and values "
                                       "in fixed blocks, found through a block table. " * 20)
@@ -123,9 +126,9 @@ def test_a_bf16_kv_cache_keeps_smollm2_within_the_agreement_bounds(smollm2_hf):
     lp_ref, lp = torch.log_softmax(ref, -1), torch.log_softmax(ours, -1)
     kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1).mean().item()
     assert agree >= 0.95 and kl <= 0.005, (agree, kl)
-    assert (ours - ref).abs().max().item() > 0  # bf16 K/V do move the logits a little
+    assert (ours - ref).abs().max().item() > 0  # compact K/V do move the logits a little
 
-    same_with_cache_on_and_off(engine, chat_prompts(tok, PROMPTS[:4]), 24)
+    same_with_cache_on_and_off(engine, chat_prompts(tok, PROMPTS[:4]), 24, kv_dtype=kv_dtype)
 
 
 def chat_prompts(tok, texts: list[str]) -> list[list[int]]:

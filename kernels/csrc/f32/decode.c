@@ -14,27 +14,68 @@
 
 #define MAX_CHUNKS 32 /* head_dim up to 256, in 8-lane chunks */
 
-/* 8 cached K or V values from element i of a cache of fp32 or of bf16 (widened in
-   registers: half the bytes to stream, the same fp32 arithmetic after). */
-static ALWAYS_INLINE f8 load_kv(const void *cache, int64_t i, const int bf16) {
-    return bf16 ? bf16_to_f8((const uint16_t *)cache + i) : load8((const float *)cache + i);
+/* A cache row: one token's K or V of one KV head, as stored. fp32 and bf16 rows are
+   head_dim values; an int8 row is head_dim int8 values then their fp32 scale (the row's
+   largest magnitude / 127), kernels/kv_quant.py's layout: a quarter of fp32's bytes,
+   half of bf16's, for a step that streams a long context. */
+enum { KV_F32 = 0, KV_BF16 = 1, KV_INT8 = 2 };
+
+static ALWAYS_INLINE int64_t kv_row_elems(int64_t head_dim, const int kind) {
+    return kind == KV_INT8 ? head_dim + 4 : head_dim;
 }
 
-/* n floats stored at element i of an fp32 or bf16 cache; bf16 rounds to nearest even
-   (NaN kept quiet), as torch's float-to-bfloat16 conversion does. */
-static void store_kv(void *cache, int64_t i, const float *x, int64_t n, int bf16) {
-    if (!bf16) {
-        memcpy((float *)cache + i, x, (size_t)n * sizeof(float));
-        return;
+static ALWAYS_INLINE int64_t kv_elem_bytes(const int kind) {
+    return kind == KV_F32 ? 4 : kind == KV_BF16 ? 2 : 1;
+}
+
+/* The `chunks` x 8 values of the row at element `row` of a cache of `kind`, as floats
+   (bf16 widened exactly; int8 times its scale, as kv_quant.dequantize rounds it). */
+static ALWAYS_INLINE void load_row(const void *cache, int64_t row, f8 *out, const int chunks,
+                                   const int kind) {
+    if (kind == KV_INT8) {
+        const int8_t *p = (const int8_t *)cache + row;
+        float s;
+        memcpy(&s, p + (int64_t)chunks * LANES, sizeof s);
+        for (int c = 0; c < chunks; c++) out[c] = s8_to_f8(p + LANES * c) * splat(s);
+    } else if (kind == KV_BF16) {
+        for (int c = 0; c < chunks; c++) out[c] = bf16_to_f8((const uint16_t *)cache + row + LANES * c);
+    } else {
+        for (int c = 0; c < chunks; c++) out[c] = load8((const float *)cache + row + LANES * c);
     }
-    uint16_t *dst = (uint16_t *)cache + i;
-    for (int64_t j = 0; j < n; j++) {
-        uint32_t u;
-        memcpy(&u, x + j, sizeof u);
-        if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-            dst[j] = (uint16_t)((u >> 16) | 0x40u);
-        else
-            dst[j] = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* heads rows of head_dim floats stored at element i of a cache of `kind`: bf16 rounds
+   to nearest even (NaN kept quiet), as torch's float-to-bfloat16 conversion does; int8
+   rounds x / scale to nearest even, as kv_quant.quantize does (bit for bit). */
+static void store_kv(void *cache, int64_t i, const float *x, int64_t heads, int64_t head_dim,
+                     int kind) {
+    const int64_t n = heads * head_dim;
+    if (kind == KV_F32) {
+        memcpy((float *)cache + i, x, (size_t)n * sizeof(float));
+    } else if (kind == KV_BF16) {
+        uint16_t *dst = (uint16_t *)cache + i;
+        for (int64_t j = 0; j < n; j++) {
+            uint32_t u;
+            memcpy(&u, x + j, sizeof u);
+            if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+                dst[j] = (uint16_t)((u >> 16) | 0x40u);
+            else
+                dst[j] = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        }
+    } else {
+        for (int64_t h = 0; h < heads; h++) {
+            const float *r = x + h * head_dim;
+            int8_t *dst = (int8_t *)cache + i + h * (head_dim + 4);
+            float amax = 0.0f;
+            for (int64_t j = 0; j < head_dim; j++) amax = fabsf(r[j]) > amax ? fabsf(r[j]) : amax;
+            const float scale = amax / 127.0f;
+            for (int64_t j = 0; j < head_dim; j++) {
+                float q = scale > 0.0f ? nearbyintf(r[j] / scale) : 0.0f;
+                q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+                dst[j] = (int8_t)q;
+            }
+            memcpy(dst + head_dim, &scale, sizeof scale);
+        }
     }
 }
 
@@ -66,17 +107,17 @@ static ALWAYS_INLINE void attend(const float *q, const void *k_cache, const void
                                  const int64_t *table, int64_t start, int64_t len, float *out,
                                  int64_t group, int64_t kv_heads, int64_t kv_head,
                                  int64_t block_size, float scale, float *scores, const int chunks,
-                                 const int bf16) {
-    const int64_t head_dim = (int64_t)chunks * LANES;
-    const int64_t token_stride = kv_heads * head_dim, block_stride = block_size * token_stride;
+                                 const int kind) {
+    const int64_t head_dim = (int64_t)chunks * LANES, row_elems = kv_row_elems(head_dim, kind);
+    const int64_t token_stride = kv_heads * row_elems, block_stride = block_size * token_stride;
     const int64_t keys = len - start; /* the tokens start .. len - 1 */
     for (int64_t t0 = start - start % block_size; t0 < len; t0 += block_size) {
-        const int64_t base = table[t0 / block_size] * block_stride + kv_head * head_dim;
+        const int64_t base = table[t0 / block_size] * block_stride + kv_head * row_elems;
         const int64_t n = len - t0 < block_size ? len - t0 : block_size;
         for (int64_t off = t0 < start ? start - t0 : 0; off < n; off++) {
             const int64_t k = base + off * token_stride;
             f8 kv[MAX_CHUNKS];
-            for (int c = 0; c < chunks; c++) kv[c] = load_kv(k_cache, k + LANES * c, bf16);
+            load_row(k_cache, k, kv, chunks, kind);
             for (int64_t g = 0; g < group; g++) {
                 f8 acc = splat(0.0f);
                 for (int c = 0; c < chunks; c++) acc += load8(q + g * head_dim + LANES * c) * kv[c];
@@ -90,12 +131,12 @@ static ALWAYS_INLINE void attend(const float *q, const void *k_cache, const void
         for (int64_t i = 0; i < head_dim; i++) out[g * head_dim + i] = 0.0f;
     }
     for (int64_t t0 = start - start % block_size; t0 < len; t0 += block_size) {
-        const int64_t base = table[t0 / block_size] * block_stride + kv_head * head_dim;
+        const int64_t base = table[t0 / block_size] * block_stride + kv_head * row_elems;
         const int64_t n = len - t0 < block_size ? len - t0 : block_size;
         for (int64_t off = t0 < start ? start - t0 : 0; off < n; off++) {
             const int64_t v = base + off * token_stride;
             f8 vv[MAX_CHUNKS];
-            for (int c = 0; c < chunks; c++) vv[c] = load_kv(v_cache, v + LANES * c, bf16);
+            load_row(v_cache, v, vv, chunks, kind);
             for (int64_t g = 0; g < group; g++) {
                 const f8 p = splat(scores[g * keys + t0 + off - start]);
                 float *o = out + g * head_dim;
@@ -119,7 +160,7 @@ void f32_attention_tasks(const float *query, const void *k_cache, const void *v_
                          const int64_t *tables, int64_t table_stride, const int64_t *lens,
                          float *out, int64_t batch, int64_t heads, int64_t kv_heads,
                          int64_t head_dim, int64_t block_size, float scale, int64_t window,
-                         int kv_bf16, float *scores) {
+                         int kv_kind, float *scores) {
     const int64_t group = heads / kv_heads;
     const int chunks = (int)(head_dim / LANES);
 #pragma omp for schedule(dynamic, 1)
@@ -132,7 +173,8 @@ void f32_attention_tasks(const float *query, const void *k_cache, const void *v_
         /* A sliding window sees the last `window` tokens only. */
         const int64_t start = window > 0 && lens[b] > window ? lens[b] - window : 0;
 #define ATTEND_KV(C, B) attend(q, k_cache, v_cache, table, start, lens[b], o, group, kv_heads, h, block_size, scale, scores, C, B)
-#define ATTEND(C) (kv_bf16 ? ATTEND_KV(C, 1) : ATTEND_KV(C, 0))
+#define ATTEND(C) (kv_kind == KV_INT8 ? ATTEND_KV(C, KV_INT8) \
+                   : kv_kind == KV_BF16 ? ATTEND_KV(C, KV_BF16) : ATTEND_KV(C, KV_F32))
         switch (chunks) {
         case 2: ATTEND(2); break;
         case 4: ATTEND(4); break;
@@ -151,8 +193,8 @@ static int attention_shape_ok(int64_t heads, int64_t kv_heads, int64_t head_dim)
            && head_dim > 0 && head_dim <= LANES * MAX_CHUNKS;
 }
 
-/* query and out [batch, heads, head_dim]; caches [blocks, block_size, kv_heads,
-   head_dim], fp32 or (kv_bf16) bf16; tables [batch, >= ceil(lens / block_size)] rows
+/* query and out [batch, heads, head_dim]; caches [blocks, block_size, kv_heads, row]
+   of kv_kind (KV_F32, KV_BF16: rows of head_dim; KV_INT8: rows of head_dim + 4 bytes); tables [batch, >= ceil(lens / block_size)] rows
    table_stride apart;
    window: a sliding window's length (each row sees its last `window` tokens), or 0.
    Returns 0, 1 for no memory, 2 for a bad shape. */
@@ -160,8 +202,9 @@ int f32_paged_decode_attention(const float *query, const void *k_cache, const vo
                                const int64_t *tables, int64_t table_stride, const int64_t *lens,
                                float *out, int64_t batch, int64_t heads, int64_t kv_heads,
                                int64_t head_dim, int64_t block_size, float scale, int64_t window,
-                               int kv_bf16, int threads) {
-    if (!attention_shape_ok(heads, kv_heads, head_dim)) return 2;
+                               int kv_kind, int threads) {
+    if (!attention_shape_ok(heads, kv_heads, head_dim) || kv_kind < KV_F32 || kv_kind > KV_INT8)
+        return 2;
     const int64_t floats = f32_attention_floats(lens, batch, heads, kv_heads, head_dim);
     int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -172,7 +215,7 @@ int f32_paged_decode_attention(const float *query, const void *k_cache, const vo
             failed = 1;
         }
         f32_attention_tasks(query, k_cache, v_cache, tables, table_stride, lens, out, batch, heads,
-                            kv_heads, head_dim, block_size, scale, window, kv_bf16, scores);
+                            kv_heads, head_dim, block_size, scale, window, kv_kind, scores);
         free(scores);
     }
     return failed;
@@ -257,7 +300,7 @@ static void add_output(float *x, const float *y, const float *norm, float *tmp, 
 /* The fp32 counterpart of decode_stack (csrc/decode_stack.c), same arguments; cos and
    sin hold one [rows, head_dim] set per RoPE the layers take (stack_layer.rope); with
    KV groups, slots and tables hold one set per group (stack_layer.group); the cache
-   holds fp32 or, with m->kv_bf16, bf16. */
+   holds rows of m->kv_kind (KV_F32, KV_BF16 or KV_INT8). */
 int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *cos,
                      const float *sin, const int64_t *slots, void *kv, int64_t num_blocks,
                      const int64_t *tables, int64_t table_stride, const int64_t *lens, float *out,
@@ -267,9 +310,11 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
     if (rows < 1 || rows > F32_MAX_BATCH || !attention_shape_ok(heads, kv_heads, hd) || m->layers < 1)
         return 2;
     const int64_t q_size = heads * hd, kv_size = kv_heads * hd, qkv_out = q_size + 2 * kv_size;
-    const int64_t token = kv_size, layer_stride = num_blocks * m->block_size * token;
-    const int kv_bf16 = m->kv_bf16 != 0;
-    const int64_t kv_elem = kv_bf16 ? 2 : 4;
+    const int kv_kind = (int)m->kv_kind;
+    if (kv_kind < KV_F32 || kv_kind > KV_INT8) return 2;
+    const int64_t token = kv_heads * kv_row_elems(hd, kv_kind);
+    const int64_t layer_stride = num_blocks * m->block_size * token;
+    const int64_t kv_elem = kv_elem_bytes(kv_kind);
     int64_t in_pad, width;
     stack_widths(m, &in_pad, &width);
     if (m->layer[0].qkv.out != qkv_out || m->layer[0].gate_up.out != 2 * inter) return 2;
@@ -312,12 +357,13 @@ int f32_decode_stack(const stack_model *m, float *x, int64_t rows, const float *
                 rotate(row, cos + at, sin + at, heads + kv_heads, hd);
                 memcpy(q + r * q_size, row, (size_t)q_size * sizeof(float));
                 if (slot[r] >= 0) {
-                    store_kv(k_cache, slot[r] * token, row + q_size, kv_size, kv_bf16);
-                    store_kv(v_cache, slot[r] * token, row + q_size + kv_size, kv_size, kv_bf16);
+                    store_kv(k_cache, slot[r] * token, row + q_size, kv_heads, hd, kv_kind);
+                    store_kv(v_cache, slot[r] * token, row + q_size + kv_size, kv_heads, hd,
+                             kv_kind);
                 }
             }
             f32_attention_tasks(q, k_cache, v_cache, table, table_stride, lens, attn, rows, heads,
-                                kv_heads, hd, m->block_size, m->scale, L->window, kv_bf16, scores);
+                                kv_heads, hd, m->block_size, m->scale, L->window, kv_kind, scores);
 #pragma omp single
             f32_pad_rows(act, attn, rows, q_size, L->o.in_pad);
             matmul(&L->o, act, rows, y);

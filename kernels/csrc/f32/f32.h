@@ -23,8 +23,8 @@ void f32_matmul_tiles(int kind, const float *x, int64_t batch, int64_t in_pad, c
 /* rows of x [rows, in] copied to act [rows, in_pad], zero-padded. */
 void f32_pad_rows(float *act, const float *x, int64_t rows, int64_t in, int64_t in_pad);
 
-/* Decode attention of batch x kv_heads tasks over fp32 or (kv_bf16) bf16 caches
-   [blocks, block_size, kv_heads, head_dim]; shared loop. scores: the thread's buffer of
+/* Decode attention of batch x kv_heads tasks over caches [blocks, block_size,
+   kv_heads, row] of kv_kind (0 fp32, 1 bf16, 2 int8 with a scale: decode.c); shared loop. scores: the thread's buffer of
    f32_attention_floats floats, or NULL (that thread's tasks are skipped). */
 int64_t f32_attention_floats(const int64_t *lens, int64_t batch, int64_t heads,
                              int64_t kv_heads, int64_t head_dim);
@@ -32,6 +32,6 @@ void f32_attention_tasks(const float *query, const void *k_cache, const void *v_
                          const int64_t *tables, int64_t table_stride, const int64_t *lens,
                          float *out, int64_t batch, int64_t heads, int64_t kv_heads,
                          int64_t head_dim, int64_t block_size, float scale, int64_t window,
-                         int kv_bf16, float *scores);
+                         int kv_kind, float *scores);
 
 #endif

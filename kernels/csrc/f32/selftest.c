@@ -19,7 +19,7 @@ int f32_paged_decode_attention(const float *query, const void *k_cache, const vo
                                const int64_t *tables, int64_t table_stride, const int64_t *lens,
                                float *out, int64_t batch, int64_t heads, int64_t kv_heads,
                                int64_t head_dim, int64_t block_size, float scale, int64_t window,
-                               int kv_bf16, int threads);
+                               int kv_kind, int threads);
 
 static int passed, failed;
 
@@ -172,9 +172,25 @@ static uint16_t to_bf16(float *f) {
     return (uint16_t)(u >> 16);
 }
 
-/* window: a sliding window's length, or 0 for the whole context; bf16: caches of bf16. */
+/* An int8 cache row of n values (n int8, then the fp32 scale amax / 127) into dst; x
+   becomes the values the row holds (int8 * scale). */
+static void to_int8_row(float *x, int64_t n, uint8_t *dst) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    const float s = amax / 127.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const int8_t q = (int8_t)(s > 0.0f ? nearbyintf(x[i] / s) : 0.0f);
+        memcpy(dst + i, &q, 1);
+        x[i] = (float)q * s;
+    }
+    memcpy(dst + n, &s, sizeof s);
+}
+
+/* window: a sliding window's length, or 0 for the whole context; kind: caches of fp32
+   (0), bf16 (1) or int8 rows with a scale (2). */
 static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t len,
-                           int64_t window, int bf16) {
+                           int64_t window, int kind) {
+    const int bf16 = kind == 1;
     const int64_t start = window > 0 && len > window ? len - window : 0;
     const int64_t block_size = 16, blocks = (len + 15) / 16 + 3, token = kv_heads * head_dim;
     float *k = malloc((size_t)(blocks * block_size * token) * sizeof(float));
@@ -187,10 +203,17 @@ static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, in
     int64_t table[64];
     uint16_t *k16 = malloc((size_t)(blocks * block_size * token) * sizeof(uint16_t));
     uint16_t *v16 = malloc((size_t)(blocks * block_size * token) * sizeof(uint16_t));
+    const int64_t rows = blocks * block_size * kv_heads, row_bytes = head_dim + 4;
+    uint8_t *k8 = malloc((size_t)(rows * row_bytes)), *v8 = malloc((size_t)(rows * row_bytes));
     for (int64_t i = 0; i < blocks * block_size * token; i++) {
         k[i] = uniform(), v[i] = uniform();
         if (bf16) k16[i] = to_bf16(&k[i]), v16[i] = to_bf16(&v[i]);
     }
+    if (kind == 2)
+        for (int64_t r = 0; r < rows; r++) {
+            to_int8_row(k + r * head_dim, head_dim, k8 + r * row_bytes);
+            to_int8_row(v + r * head_dim, head_dim, v8 + r * row_bytes);
+        }
     for (int64_t i = 0; i < heads * head_dim; i++) q[i] = uniform();
     for (int64_t b = 0; b < blocks; b++) table[b] = blocks - 1 - b; /* out of order */
     const float scale = 1.0f / sqrtf((float)head_dim);
@@ -216,15 +239,16 @@ static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, in
         }
     }
     const int64_t lens[1] = {len};
-    const int rc = f32_paged_decode_attention(q, bf16 ? (const void *)k16 : k,
-                                              bf16 ? (const void *)v16 : v, table, blocks, lens,
-                                              o, 1, heads, kv_heads, head_dim, block_size, scale,
-                                              window, bf16, 2);
+    const void *kc = kind == 2 ? (const void *)k8 : bf16 ? (const void *)k16 : k;
+    const void *vc = kind == 2 ? (const void *)v8 : bf16 ? (const void *)v16 : v;
+    const int rc = f32_paged_decode_attention(q, kc, vc, table, blocks, lens, o, 1, heads,
+                                              kv_heads, head_dim, block_size, scale, window,
+                                              kind, 2);
     char what[160];
     snprintf(what, sizeof what,
              "decode attention %lld heads over %lld, dim %lld, %lld tokens, window %lld, %s KV",
              (long long)heads, (long long)kv_heads, (long long)head_dim, (long long)len,
-             (long long)window, bf16 ? "bf16" : "fp32");
+             (long long)window, kind == 2 ? "int8" : bf16 ? "bf16" : "fp32");
     if (rc) {
         printf("FAIL %s: returned %d\n", what, rc);
         failed++;
@@ -232,7 +256,8 @@ static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, in
         for (int64_t i = 0; i < heads * head_dim; i++) mag[i] += 1.0; /* exp's ulps */
         check(what, o, want, mag, heads * head_dim);
     }
-    free(k), free(v), free(k16), free(v16), free(q), free(o), free(want), free(mag), free(p);
+    free(k), free(v), free(k16), free(v16), free(k8), free(v8), free(q), free(o), free(want),
+        free(mag), free(p);
 }
 
 int main(void) {
@@ -240,14 +265,14 @@ int main(void) {
     static const int64_t shapes[][2] = {{64, 576}, {70, 100}, {33, 1536}, {16, 64}};
     for (int kind = 0; kind <= F32_PLAIN; kind++)
         for (int s = 0; s < 4; s++) test_linear(kind, names[kind], shapes[s][0], shapes[s][1]);
-    for (int bf16 = 0; bf16 <= 1; bf16++) {
-        test_attention(9, 3, 64, 1, 0, bf16);
-        test_attention(9, 3, 64, 100, 0, bf16);
-        test_attention(4, 4, 16, 37, 0, bf16);
-        test_attention(8, 2, 256, 300, 0, bf16);
-        test_attention(8, 2, 256, 300, 37, bf16); /* a window starting mid-block */
-        test_attention(4, 2, 32, 100, 1, bf16);
-        test_attention(4, 2, 32, 20, 64, bf16); /* a window longer than the context */
+    for (int kind = 0; kind <= 2; kind++) { /* fp32, bf16, int8 caches */
+        test_attention(9, 3, 64, 1, 0, kind);
+        test_attention(9, 3, 64, 100, 0, kind);
+        test_attention(4, 4, 16, 37, 0, kind);
+        test_attention(8, 2, 256, 300, 0, kind);
+        test_attention(8, 2, 256, 300, 37, kind); /* a window starting mid-block */
+        test_attention(4, 2, 32, 100, 1, kind);
+        test_attention(4, 2, 32, 20, 64, kind); /* a window longer than the context */
     }
     printf("fp32 kernel checks: %d ok, %d failed\n", passed, failed);
     return failed != 0;
