@@ -215,6 +215,31 @@ def test_every_weight_dtype_matches_transformers_on_the_same_weights(
     assert (model.decode_stack is not None) == (dtype == "float32" and runs_here(torch.float32))
 
 
+@pytest.mark.parametrize("sliding_window_kv", [True, False])
+def test_int8_kv_rows_decode_as_the_torch_forward_and_near_fp32_kv(
+        sliding_window_kv, tiny_gemma3, tmp_path):
+    """Over int8 K/V rows (an fp32 engine's default under int4 weights), the C decode
+    step, sliding windows and KV groups included, gives the logits the torch forward
+    gives over the same rows, and both stay near fp32 K/V's."""
+    ids = prompt(60, seed=5)
+    chunks = [40] + [1] * 20  # decodes past the window
+    logits = {}
+    for kv_dtype in ("auto", "float32"):
+        engine = gemma_engine(tiny_gemma3, tmp_path, weight_dtype="int4", kv_dtype=kv_dtype,
+                              sliding_window_kv=sliding_window_kv)
+        _, logits[kv_dtype] = our_logits(engine, ids, chunks)
+        if kv_dtype == "auto":
+            assert engine.config.kv_dtype == "int8"
+            model = engine.runner.model
+            assert model.decode_stack is not None or not runs_here(torch.float32)
+            engine.reset_prefix_cache()
+            stack, model.decode_stack = model.decode_stack, None
+            _, torch_only = our_logits(engine, ids, chunks)
+            model.decode_stack = stack
+            torch.testing.assert_close(logits["auto"], torch_only, rtol=0, atol=1e-2)
+    assert (logits["auto"] - logits["float32"]).abs().max().item() < 0.1
+
+
 PARAMS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
