@@ -47,10 +47,6 @@ def test_store_kvcache_writes_quantized_rows_and_skips_negative_slots():
     assert int(flat[1:5].sum()) == int(flat[6:].sum()) == 0  # nothing else written
 
 
-def int8_copy(cache: torch.Tensor) -> torch.Tensor:
-    return kv_quant.quantize(cache)
-
-
 @pytest.mark.parametrize(
     "shapes", [MIXED, LONE_DECODE, DECODES], ids=["mixed", "lone-decode", "decodes"]
 )
@@ -69,7 +65,7 @@ def test_fp32_queries_over_an_int8_cache_attend_its_dequantized_values(
     if not c_kernel:
         monkeypatch.setattr(attention, "_f32_decode_runs", lambda q, k: False)
     q, k_cache, v_cache, meta, _ = build_step(shapes, 6, 2, 64, torch.float32, num_blocks=256)
-    k8, v8 = int8_copy(k_cache), int8_copy(v_cache)
+    k8, v8 = kv_quant.quantize(k_cache), kv_quant.quantize(v_cache)
     keys = torch.randn(len(meta.slot_mapping), 2, 64)
     store_kvcache(keys, -keys, k8, v8, meta.slot_mapping)
     if c_kernel and meta.decode_batch(4) is not None:
@@ -83,3 +79,19 @@ def test_fp32_queries_over_an_int8_cache_attend_its_dequantized_values(
     store_kvcache(keys, -keys, k_cache, v_cache, meta.slot_mapping)
     exact = paged_attention(q, k_cache, v_cache, meta, 0.125, window)
     torch.testing.assert_close(got, exact, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 500])
+def test_quantize_divides_and_rounds_as_the_c_store_does(rows):
+    """x / scale in IEEE fp32 and round half to even, as csrc/f32/decode.c's store_kv
+    (nearbyintf) computes it: no reciprocal multiply, whatever the row count."""
+    import numpy as np
+
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 64) * torch.rand(rows, 1) * 5
+    got = kv_quant.quantize(x)
+    xn = x.numpy()
+    scale = (np.abs(xn).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    q = np.clip(np.rint(xn / scale), -127, 127).astype(np.int8)
+    assert np.array_equal(got[:, :64].view(torch.int8).numpy(), q)
+    assert np.array_equal(got[:, 64:].contiguous().view(torch.float32).numpy(), scale)
