@@ -65,13 +65,16 @@ class AsyncEngine:
     # from memory and from disk: docs/benchmarks.md, "Host/disk KV tier").
     PREWARM_SLICE = 8
 
-    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):
-        self.engine = engine or LLMEngine(config)
-        self.config = self.engine.config
-        self.tokenizer = self.engine.tokenizer
-        self.cpu_path = self.engine.cpu_path
-        # The longest prompt + reply this engine takes (config, model and KV pool allow).
-        self.max_model_len = self.engine.max_model_len
+    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None,
+                 tokenizer=None):
+        """Step `engine`, or an engine of `config` (with `tokenizer` if given) loaded on
+        the step thread itself. Loading there matters on a CPU: each thread that starts
+        an OpenMP parallel region keeps a pool of workers of its own, and once the
+        process holds more such threads than it has CPUs, libgomp cuts their spinning at
+        every barrier to almost none. An engine loaded on one thread and stepped on
+        another decoded 76 tok/s where the same engine, loaded and stepped on one thread,
+        decoded 130 (SmolLM2 int4, a 2-core AVX2 host: docs/benchmarks.md)."""
+        self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -84,8 +87,19 @@ class AsyncEngine:
         # Prewarms under way: [job, prompt, salt, max_blocks, restored so far], one slice
         # of PREWARM_SLICE blocks each between steps.
         self._pending_prewarms: collections.deque[list] = collections.deque()
-        self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(config, tokenizer),
+                                        name="engine-step", daemon=True)
         self._thread.start()
+        self._loaded.wait()
+        if self._load_error is not None:
+            raise self._load_error
+        self.config = self.engine.config
+        self.tokenizer = self.engine.tokenizer
+        self.cpu_path = self.engine.cpu_path
+        # The longest prompt + reply this engine takes (config, model and KV pool allow).
+        self.max_model_len = self.engine.max_model_len
 
     # --- the caller's side ---------------------------------------------------
     async def generate(
@@ -173,7 +187,15 @@ class AsyncEngine:
         self._wake.set()
 
     # --- the step thread -----------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, config: EngineConfig | None, tokenizer) -> None:
+        try:
+            if self.engine is None:
+                self.engine = LLMEngine(config, tokenizer=tokenizer)
+        except BaseException as exc:  # handed to the constructor, which raises it
+            self._load_error = exc
+            return
+        finally:
+            self._loaded.set()
         while not self._stopped:
             self._apply_commands()
             if self._pending_prewarms:

@@ -66,13 +66,14 @@ def get_engine(model: str | None = None):
         with _lock:
             engine = _engines.get(alias)
             if engine is None:
-                from inference import AsyncEngine, LLMEngine
+                from inference import AsyncEngine
 
                 config = engine_config(alias)
                 log.info("Loading model %s (%s) on %s (%s)...", alias, config.model,
                          config.device, config.dtype)
-                # The tokenizer loaded already (get_tokenizer) is kept: one per model.
-                engine = AsyncEngine(engine=LLMEngine(config, tokenizer=_tokenizers.get(alias)))
+                # The tokenizer loaded already (get_tokenizer) is kept: one per model. The
+                # model loads on the engine's step thread (AsyncEngine: one OpenMP pool).
+                engine = AsyncEngine(config, tokenizer=_tokenizers.get(alias))
                 _engines[alias] = engine
                 # On a clean exit the engine keeps what its pool holds in LLM_KV_DIR.
                 atexit.register(engine.shutdown)

@@ -360,3 +360,36 @@ def test_without_logprobs_none_are_computed(make_engine):
     assert all(o.new_logprobs is None for o in run_all(engine))
     with pytest.raises(InvalidRequestError):
         engine.add_request("bad", [1, 2, 3], SamplingParams(logprobs=21))
+
+
+def test_an_async_engine_of_a_config_loads_its_model_on_its_step_thread(
+        tiny_model, monkeypatch):
+    """Every OpenMP region of the engine, loading included, starts on one thread (see
+    AsyncEngine): the model loads on the step thread, the caller gets it loaded, and a
+    failed load raises in the caller."""
+    import threading
+
+    from inference import EngineConfig, LLMEngine
+    from inference.loader import ModelNotFoundError
+
+    loaded_on = []
+    original = LLMEngine.__init__
+
+    def recording(self, *args, **kwargs):
+        loaded_on.append(threading.current_thread())
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "__init__", recording)
+    engine = AsyncEngine(EngineConfig(model=str(tiny_model), dtype="float32", num_blocks=32))
+    try:
+        assert loaded_on == [engine._thread] and loaded_on[0] is not threading.current_thread()
+        assert engine.config.model == str(tiny_model) and engine.tokenizer is not None
+
+        async def reply():
+            return [o async for o in engine.generate([5, 6, 7], SamplingParams(max_tokens=3))]
+
+        assert asyncio.run(reply())[-1].finished
+    finally:
+        engine.shutdown()
+    with pytest.raises(ModelNotFoundError, match="nonexistent"):
+        AsyncEngine(EngineConfig(model="/nonexistent/model-dir"))
