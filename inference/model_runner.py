@@ -37,8 +37,7 @@ def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype,
     head_dim = getattr(model_config, "head_dim", None) or (
         model_config.hidden_size // model_config.num_attention_heads
     )
-    # An int8 pool's rows carry their scale (kernels/kv_quant).
-    row = kv_quant.row_width(head_dim) if dtype == kv_quant.POOL_DTYPE else head_dim
+    row = kv_quant.pool_last_axis(head_dim, dtype)  # an int8 row carries its scale
     layers = model_config.num_hidden_layers if layers is None else layers
     return 2 * layers * block_size * heads * row * dtype.itemsize
 
@@ -126,11 +125,9 @@ class ModelRunner:
             self.num_blocks = config.num_blocks * groups.pages_per_whole_block()
         else:
             self.num_blocks = max(1, config.kv_cache_memory_bytes // per_block)
-        row = self.model.head_dim
-        if self.kv_dtype == kv_quant.POOL_DTYPE:
-            row = kv_quant.row_width(row)
         shape = (2, groups.group_size, self.num_blocks, self.block_size,
-                 self.model.num_kv_heads, row)
+                 self.model.num_kv_heads, kv_quant.pool_last_axis(self.model.head_dim,
+                                                                  self.kv_dtype))
         mapped = self.device.type == "cpu"
         self.kv_cache = (zeros_mapped_on_write(shape, self.kv_dtype) if mapped
                          else torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
@@ -143,8 +140,8 @@ class ModelRunner:
             # once its blocks fill: say so at start.
             log.warning("the KV pool (%.0f MiB) is larger than the memory this host has "
                         "available (%.0f MiB): the process may run out of it as the pool fills; "
-                        "lower kv_cache_memory_bytes or num_blocks (LLM_KV_CACHE_BYTES, LLM_NUM_BLOCKS)", self.kv_cache.nbytes / 2**20,
-                        available / 2**20)
+                        "lower kv_cache_memory_bytes or num_blocks (LLM_KV_CACHE_BYTES, "
+                        "LLM_NUM_BLOCKS)", self.kv_cache.nbytes / 2**20, available / 2**20)
 
     def cache_dtype(self, config: EngineConfig, stored_kind: str | None) -> torch.dtype:
         """The KV pool's dtype (EngineConfig.kv_dtype; kv_quant.POOL_DTYPE for int8

@@ -29,6 +29,11 @@ def row_width(head_dim: int) -> int:
     return head_dim + SCALE_BYTES
 
 
+def pool_last_axis(head_dim: int, dtype: torch.dtype) -> int:
+    """The last axis of a KV pool of dtype: a row of int8 and its scale, else head_dim."""
+    return row_width(head_dim) if dtype == POOL_DTYPE else head_dim
+
+
 def head_dim_of(cache: torch.Tensor) -> int:
     """The head_dim of a cache's rows, quantized or not."""
     return cache.shape[-1] - SCALE_BYTES if is_quantized(cache) else cache.shape[-1]

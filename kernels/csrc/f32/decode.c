@@ -19,9 +19,10 @@
    largest magnitude / 127), kernels/kv_quant.py's layout: a quarter of fp32's bytes,
    half of bf16's, for a step that streams a long context. */
 enum { KV_F32 = 0, KV_BF16 = 1, KV_INT8 = 2 };
+#define KV_SCALE_BYTES 4 /* kv_quant.SCALE_BYTES */
 
 static ALWAYS_INLINE int64_t kv_row_elems(int64_t head_dim, const int kind) {
-    return kind == KV_INT8 ? head_dim + 4 : head_dim;
+    return kind == KV_INT8 ? head_dim + KV_SCALE_BYTES : head_dim;
 }
 
 static ALWAYS_INLINE int64_t kv_elem_bytes(const int kind) {
@@ -65,7 +66,7 @@ static void store_kv(void *cache, int64_t i, const float *x, int64_t heads, int6
     } else {
         for (int64_t h = 0; h < heads; h++) {
             const float *r = x + h * head_dim;
-            int8_t *dst = (int8_t *)cache + i + h * (head_dim + 4);
+            int8_t *dst = (int8_t *)cache + i + h * kv_row_elems(head_dim, KV_INT8);
             float amax = 0.0f;
             for (int64_t j = 0; j < head_dim; j++) amax = fabsf(r[j]) > amax ? fabsf(r[j]) : amax;
             const float scale = amax / 127.0f;
@@ -194,8 +195,8 @@ static int attention_shape_ok(int64_t heads, int64_t kv_heads, int64_t head_dim)
 }
 
 /* query and out [batch, heads, head_dim]; caches [blocks, block_size, kv_heads, row]
-   of kv_kind (KV_F32, KV_BF16: rows of head_dim; KV_INT8: rows of head_dim + 4 bytes); tables [batch, >= ceil(lens / block_size)] rows
-   table_stride apart;
+   of kv_kind (KV_F32, KV_BF16: rows of head_dim; KV_INT8: rows of head_dim + 4 bytes);
+   tables [batch, >= ceil(lens / block_size)] rows table_stride apart;
    window: a sliding window's length (each row sees its last `window` tokens), or 0.
    Returns 0, 1 for no memory, 2 for a bad shape. */
 int f32_paged_decode_attention(const float *query, const void *k_cache, const void *v_cache,
