@@ -55,6 +55,8 @@ def _library() -> ctypes.CDLL | None:
     lib.f32_linear.restype = ctypes.c_int
     lib.f32_dequant.argtypes = (ctypes.c_int, ptr, ptr, i64, i64, i64, ptr, ctypes.c_int)
     lib.f32_dequant.restype = ctypes.c_int
+    lib.f32_int_dots.argtypes = ()
+    lib.f32_int_dots.restype = ctypes.c_int
     lib.f32_paged_decode_attention.argtypes = (
         (ptr,) * 4 + (i64, ptr, ptr) + (i64,) * 5 + (ctypes.c_float, i64, ctypes.c_int,
                                                      ctypes.c_int)
@@ -100,6 +102,16 @@ def _check_weight(kind: str, data: torch.Tensor, scale: torch.Tensor | None, in_
 
 def _scale_ptr(scale: torch.Tensor | None) -> int | None:
     return None if scale is None or scale.numel() == 0 else scale.data_ptr()
+
+
+# Rows a call takes on the integer dots, where this build has them (csrc/f32/linear.c).
+INT_DOT_ROWS = 2
+
+
+def int_dots() -> bool:
+    """True where one or two fp32 rows of a quantized weight take the integer dots: each
+    group of 32 activations rounded to int16 on its own scale (amax / 32767)."""
+    return bool(loaded().f32_int_dots())
 
 
 def runs_linear(x: torch.Tensor) -> bool:

@@ -33,6 +33,40 @@ def test_the_fp32_kernels_run_on_every_path():
     assert f32_kernels.available()
     avx2 = cpu_path() in ("avx512-bf16", "avx2")
     assert ("-mavx2" in f32_kernels.cflags()) == avx2
+    assert f32_kernels.int_dots() == avx2
+
+
+def rounded_to_int16(x: torch.Tensor) -> torch.Tensor:
+    """x's rows as the integer dots see them: each group of 32 rounded half to even on
+    a step of its amax / 32767. fp64."""
+    g = x.double().view(x.shape[0], -1, 32)
+    step = (g.abs().amax(-1, keepdim=True).float() / 32767.0).double()
+    inv = (32767.0 / g.abs().amax(-1, keepdim=True).float()).double()
+    levels = torch.round((g.float() * inv.float()).double())  # x * (32767 / amax), in fp32
+    return (levels * step).view_as(x)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_decode_row_is_rounded_a_group_at_a_time(rows):
+    """One group of a row ten thousand times larger than the rest: where the integer
+    dots run, each group of 32 is rounded on its own scale, so the small groups keep
+    their four and a half digits; a scale for the whole row would round them away."""
+    w = weight(40, 2048, seed=7)
+    qw = ql.quantize(w, "int8")
+    dq = ql.dequantize(qw).double()
+    x = torch.randn(rows, 2048, generator=torch.Generator().manual_seed(rows)) * 1e-4
+    x[:, 64:96] *= 1e4
+    got = f32_kernels.linear(x, "int8", qw.data, qw.scale, 2048).double()
+    fp32_sums = 1e-5 * (x.abs().double() @ dq.abs().T) + 1e-7
+    if not f32_kernels.int_dots():
+        assert ((got - x.double() @ dq.T).abs() <= fp32_sums).all()
+        return
+    assert ((got - rounded_to_int16(x) @ dq.T).abs() <= fp32_sums).all()
+    # What the small groups add is far above that tolerance: rounding them on the large
+    # group's step would have failed the check above.
+    small = x.clone()
+    small[:, 64:96] = 0
+    assert ((small.double() @ dq.T).abs() > 10 * fp32_sums).any()
 
 
 @pytest.mark.parametrize("kind", ql.KINDS)

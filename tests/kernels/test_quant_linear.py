@@ -8,6 +8,7 @@ from kernels import cpu_kernels, f32_kernels, quant_layout
 from kernels import quant_linear as ql
 from kernels.c_build import compiler
 from kernels.cpu_features import cpu_path
+from tests.kernels.rounding import int16_rounding_bound, takes_int16
 
 needs_kernel = pytest.mark.skipif(
     not cpu_kernels.quant_available(), reason="no AVX512-BF16 or no C compiler here"
@@ -22,11 +23,15 @@ def weight(out: int, inp: int, seed: int = 0) -> torch.Tensor:
 
 
 def check_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-                bias: torch.Tensor | None = None) -> None:
+                bias: torch.Tensor | None = None, qw: ql.QuantizedWeight | None = None) -> None:
     """got is x w^T up to fp32 sums and, for bf16, roundings (and, where got is
-    (x w^T + bias) - bias, the two roundings that adding and taking away the bias cost)."""
+    (x w^T + bias) - bias, the two roundings that adding and taking away the bias cost);
+    for one or two fp32 rows of a quantized weight qw on the integer dots, up to rounding
+    x to int16 too."""
     ref = x.double() @ w.double().T
     bound = 1e-5 * (x.abs().double() @ w.abs().double().T) + 1e-6
+    if qw is not None and takes_int16(x, qw.kind):
+        bound = bound + int16_rounding_bound(x, qw)
     if got.dtype == torch.bfloat16 or x.dtype == torch.bfloat16:
         # bf16 roundings of the output, and of each weight and partial sum where a bf16
         # matmul takes the dequantized weight
@@ -56,7 +61,7 @@ def test_kernel_matches_the_dequantized_reference(kind, rows, shape, dtype):
     assert ql.runs_kernel(x, qw) == kernel_expected(dtype, kind)
     got = ql.kernel_matmul(x, qw) if ql.runs_kernel(x, qw) else ql.quant_linear(x, qw)
     assert got.shape == (rows, out) and got.dtype == dtype
-    check_close(got, x, ql.dequantize(qw))
+    check_close(got, x, ql.dequantize(qw), qw=qw)
 
 
 @needs_kernel
@@ -80,7 +85,7 @@ def test_quant_linear_dispatch_matches_the_reference(kind, rows, shape, dtype):
     x = torch.randn(rows, inp).to(dtype)
     bias = torch.randn(out).to(dtype)
     got = ql.quant_linear(x, qw, bias) - bias
-    check_close(got, x, ql.dequantize(qw), bias)
+    check_close(got, x, ql.dequantize(qw), bias, qw)
     # Leading dims pass through.
     assert ql.quant_linear(x.view(1, rows, inp), qw).shape == (1, rows, out)
 
@@ -90,9 +95,10 @@ def test_quant_linear_dispatch_matches_the_reference(kind, rows, shape, dtype):
 def test_a_row_gets_the_same_result_alone_or_in_a_large_batch(kind, dtype):
     """Decode rows (the kernel) and prefill rows (dequantize, then oneDNN) take the
     same weights, exact in fp32 and rounded to bf16 in bf16, so they differ only in the
-    order of their fp32 sums: a prefix recomputed after preemption matches its decode to
-    the output's last rounding. (Exact weights in a bf16 decode made 42 % of these
-    outputs differ, by up to 4 bf16 ulps.)"""
+    order of their fp32 sums, and a lone fp32 row on the integer dots by its int16
+    rounding: a prefix recomputed after preemption matches its decode to the output's
+    last rounding. (Exact weights in a bf16 decode made 42 % of these outputs differ, by
+    up to 4 bf16 ulps.)"""
     if not kernel_expected(dtype, kind):
         pytest.skip(f"this path has no C kernel for {dtype} rows of {kind}")
     qw = ql.quantize(weight(300, 576, seed=9), kind)
@@ -104,6 +110,8 @@ def test_a_row_gets_the_same_result_alone_or_in_a_large_batch(kind, dtype):
         assert ql.runs_kernel(batch[i : i + 1], qw) and not ql.runs_kernel(batch, qw)
         scale = batch[i].double().abs() @ ql.dequantize(qw).double().abs().T
         bound = 2e-6 * scale + ulp * together[i].abs()
+        if takes_int16(batch[i : i + 1], kind):
+            bound = bound + int16_rounding_bound(batch[i : i + 1], qw)[0]
         assert ((alone[0] - together[i]).abs() <= bound).all()
 
 

@@ -178,6 +178,126 @@ static ALWAYS_INLINE void dot_uint8(const uint8_t *w, const uint16_t *ws, const 
     sum_rows(acc, R, res);
 }
 
+#if defined(__AVX2__)
+/* One or two rows on AVX2 take int8, uint8 and int4 weights as integers: each group
+   of 32 activations rounded to int16 on its own scale (amax / 32767), and the
+   weights' levels times them summed exactly in int32 (vpmaddwd), a group's sum then
+   scaled by its two scales in fp32. Widening every weight to a float cost more
+   instructions than this host's memory takes to deliver it; the rounding moves an
+   activation by at most 2^-16 of its group's largest, far finer than bf16's. */
+#define INT_DOTS 1
+
+/* rows of x [rows, in_pad] as int16 levels xq and a scale a group, xsc[r * groups + g]. */
+static void int16_rows(const float *x, int64_t in_pad, int64_t rows, int16_t *xq, float *xsc) {
+    const int64_t groups = in_pad / 32;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t g = 0; g < groups; g++) {
+            const float *p = x + r * in_pad + 32 * g;
+            __m256 v[4], m = _mm256_setzero_ps();
+            for (int j = 0; j < 4; j++) {
+                v[j] = _mm256_loadu_ps(p + 8 * j);
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
+            }
+            const float amax = hmax((f8)m);
+            xsc[r * groups + g] = amax / 32767.0f;
+            const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
+            /* packs interleaves 128-bit lanes; the permute puts columns back in order. */
+            for (int j = 0; j < 4; j += 2) {
+                const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));
+                const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(v[j + 1], inv));
+                _mm256_storeu_si256((__m256i *)(xq + r * in_pad + 32 * g + 8 * j),
+                                    _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
+            }
+        }
+}
+
+static ALWAYS_INLINE __m256i load16(const int16_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* sum(w x) over 32 columns: 16-bit weights w0 (columns 0..15), w1 (16..31). */
+static ALWAYS_INLINE __m256 group_idot(__m256i w0, __m256i w1, const int16_t *xq) {
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(w0, load16(xq)),
+                                               _mm256_madd_epi16(w1, load16(xq + 16))));
+}
+
+/* int8 on integers: d sx sum(q xq) a group. */
+static ALWAYS_INLINE void idot_int8(const int8_t *w, const uint16_t *ws, const int16_t *xq,
+                                    const float *xsc, int64_t in_pad, const int R, float *res) {
+    const int64_t groups = in_pad / 32;
+    float sc[groups];
+    halves_to_floats(ws, sc, groups);
+    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()},
+                        {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    for (int64_t g = 0; g < groups; g++) {
+        prefetch_ahead(w + 32 * g);
+        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * g)));
+        const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * g + 16)));
+        for (int r = 0; r < R; r++)
+            acc[r][g & 1] = _mm256_fmadd_ps(group_idot(w0, w1, xq + r * in_pad + 32 * g),
+                                            _mm256_set1_ps(sc[g] * xsc[r * groups + g]),
+                                            acc[r][g & 1]);
+    }
+    for (int r = 0; r < R; r++) res[r] = hsum((f8)_mm256_add_ps(acc[r][0], acc[r][1]));
+}
+
+/* uint8 on integers: step sx sum(q xq) + (m - 8 step) sum(x) a group. */
+static ALWAYS_INLINE void idot_uint8(const uint8_t *w, const uint16_t *ws, const int16_t *xq,
+                                     const float *xsc, const float *xs, int64_t in_pad,
+                                     const int R, float *res) {
+    const int64_t groups = in_pad / 32;
+    float sc[2 * groups], off[2] = {0, 0};
+    halves_to_floats(ws, sc, 2 * groups);
+    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()},
+                        {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    for (int64_t g = 0; g < groups; g++) {
+        prefetch_ahead(w + 32 * g);
+        const __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * g)));
+        const __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * g + 16)));
+        const float step = sc[2 * g] * (1.0f / 16.0f), shift = sc[2 * g + 1] - 8.0f * step;
+        for (int r = 0; r < R; r++) {
+            acc[r][g & 1] = _mm256_fmadd_ps(group_idot(w0, w1, xq + r * in_pad + 32 * g),
+                                            _mm256_set1_ps(step * xsc[r * groups + g]),
+                                            acc[r][g & 1]);
+            off[r] += shift * xs[r * groups + g];
+        }
+    }
+    for (int r = 0; r < R; r++) res[r] = hsum((f8)_mm256_add_ps(acc[r][0], acc[r][1])) + off[r];
+}
+
+/* int4 on integers: a 64-column chunk's low nibbles are group 2c, its high ones 2c + 1;
+   d sx sum(q xq) + m sum(x) a group. */
+static ALWAYS_INLINE void idot_int4(const uint8_t *w, const uint16_t *ws, const int16_t *xq,
+                                    const float *xsc, const float *xs, int64_t in_pad,
+                                    const int R, float *res) {
+    const int64_t groups = in_pad / 32;
+    float sc[2 * groups], off[2] = {0, 0};
+    halves_to_floats(ws, sc, 2 * groups);
+    const __m256i low = _mm256_set1_epi16(0x0F);
+    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()},
+                        {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    for (int64_t g = 0; g < groups; g += 2) {
+        const uint8_t *b = w + 16 * g;
+        if (!(g & 2)) prefetch_ahead(b);
+        const __m256i b0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b));
+        const __m256i b1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 16)));
+        const __m256i lo0 = _mm256_and_si256(b0, low), lo1 = _mm256_and_si256(b1, low);
+        const __m256i hi0 = _mm256_srli_epi16(b0, 4), hi1 = _mm256_srli_epi16(b1, 4);
+        for (int r = 0; r < R; r++) {
+            const int16_t *x = xq + r * in_pad + 32 * g;
+            const float *s = xsc + r * groups + g;
+            acc[r][0] = _mm256_fmadd_ps(group_idot(lo0, lo1, x), _mm256_set1_ps(sc[2 * g] * s[0]),
+                                        acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(group_idot(hi0, hi1, x + 32),
+                                        _mm256_set1_ps(sc[2 * g + 2] * s[1]), acc[r][1]);
+            off[r] += sc[2 * g + 1] * xs[r * groups + g] + sc[2 * g + 3] * xs[r * groups + g + 1];
+        }
+    }
+    for (int r = 0; r < R; r++) res[r] = hsum((f8)_mm256_add_ps(acc[r][0], acc[r][1])) + off[r];
+}
+#else
+#define INT_DOTS 0
+#endif
+
 static ALWAYS_INLINE void dot_bf16(const uint16_t *w, const float *x, int64_t in_pad,
                                    const int R, float *res) {
     f8 acc[MAX_ROWS][4];
@@ -213,7 +333,7 @@ static ALWAYS_INLINE void dot_plain(const float *w, const float *x, int64_t in_p
     default: DOT_CALL(8); break;                                                          \
     }
 
-#define TILE_LOOP(DOT_CALL)                                                               \
+#define TILE_LOOP_OF(SWITCH, DOT_CALL)                                                   \
     _Pragma("omp for schedule(static)") for (int64_t t = 0; t < tiles; t++) {             \
         const int64_t end = (t + 1) * TILE < out ? (t + 1) * TILE : out;                  \
         for (int64_t r0 = 0; r0 < batch; r0 += MAX_ROWS) {                                \
@@ -221,11 +341,18 @@ static ALWAYS_INLINE void dot_plain(const float *w, const float *x, int64_t in_p
             const float *x = xs + r0 * in_pad;                                            \
             for (int64_t o = t * TILE; o < end; o++) {                                    \
                 float res[MAX_ROWS] = {0};                                                \
-                ROW_SWITCH(DOT_CALL)                                                      \
+                SWITCH(DOT_CALL)                                                          \
                 for (int64_t r = 0; r < rows; r++) y[(r0 + r) * out + o] = res[r];        \
             }                                                                             \
         }                                                                                 \
     }
+#define TILE_LOOP(DOT_CALL) TILE_LOOP_OF(ROW_SWITCH, DOT_CALL)
+/* The integer dots take one or two rows. */
+#define TWO_ROW_SWITCH(DOT_CALL)                                                          \
+    if (rows == 1)                                                                        \
+        DOT_CALL(1);                                                                      \
+    else                                                                                  \
+        DOT_CALL(2);
 
 void f32_matmul_tiles(int kind, const float *xs, int64_t batch, int64_t in_pad, const void *w,
                       const uint16_t *w_scale, int64_t out, float *y) {
@@ -236,6 +363,32 @@ void f32_matmul_tiles(int kind, const float *xs, int64_t batch, int64_t in_pad, 
     const int offsets = kind == F32_INT4 || kind == F32_UINT8;
     float sums[offsets ? batch * in_pad / 32 : 1];
     if (offsets) group_sums(xs, in_pad, batch, sums);
+#if INT_DOTS
+    /* A decode of one or two sequences takes the integer dots. */
+    const int ints = batch <= 2 && kind != F32_BF16 && kind != F32_PLAIN;
+    int16_t xq[ints ? batch * in_pad : 1];
+    float xsc[ints ? batch * in_pad / 32 : 1];
+    if (ints) int16_rows(xs, in_pad, batch, xq, xsc);
+    /* Each macro's rows start at x, row r0 of xs. */
+#define IDOT8(R) idot_int8((const int8_t *)wb + o * in_pad, w_scale + o * in_pad / 32, \
+                           xq + (x - xs), xsc + (x - xs) / 32, in_pad, R, res)
+#define IDOTU8(R) idot_uint8(wb + o * in_pad, w_scale + o * in_pad / 16, xq + (x - xs), \
+                             xsc + (x - xs) / 32, sums + (x - xs) / 32, in_pad, R, res)
+#define IDOT4(R) idot_int4(wb + o * in_pad / 2, w_scale + o * in_pad / 16, xq + (x - xs), \
+                           xsc + (x - xs) / 32, sums + (x - xs) / 32, in_pad, R, res)
+    if (ints) {
+        if (kind == F32_INT8)
+            TILE_LOOP_OF(TWO_ROW_SWITCH, IDOT8)
+        else if (kind == F32_UINT8)
+            TILE_LOOP_OF(TWO_ROW_SWITCH, IDOTU8)
+        else
+            TILE_LOOP_OF(TWO_ROW_SWITCH, IDOT4)
+        return;
+    }
+#undef IDOT8
+#undef IDOTU8
+#undef IDOT4
+#endif
 #define DOT8(R) dot_int8((const int8_t *)wb + o * in_pad, w_scale + o * in_pad / 32, x, in_pad, R, res)
 #define DOTU8(R) dot_uint8(wb + o * in_pad, w_scale + o * in_pad / 16, x, \
                            sums + r0 * in_pad / 32, in_pad, R, res)
@@ -266,6 +419,9 @@ void f32_pad_rows(float *act, const float *x, int64_t rows, int64_t in, int64_t 
         memset(act + r * in_pad + in, 0, (size_t)(in_pad - in) * sizeof(float));
     }
 }
+
+/* 1 where one or two rows of a quantized kind take the integer dots (int16 activations). */
+int f32_int_dots(void) { return INT_DOTS; }
 
 static int valid_kind(int kind) { return kind >= F32_INT8 && kind <= F32_PLAIN; }
 
