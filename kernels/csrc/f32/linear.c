@@ -3,9 +3,9 @@
    layouts of kernels/quant_layout.py). Each weight is widened to fp32 in registers
    (q * d, q * step + offset, q * d + m: one rounding, as torch's dequantize gives
    it; bf16 exactly) and multiplied with fp32 sums, except where one or two rows of
-   a quantized kind scale a group's sum instead (SUMS_ON_LEVELS). Decoding reads the
-   weights at their stored size; many-row matmuls take the dequantizers below, a
-   tile at a time, then a GEMM. */
+   a quantized kind scale a group's sum instead (SUMS_ON_LEVELS), a sum that AVX2
+   takes on integers (INT_DOTS). Decoding reads the weights at their stored size;
+   many-row matmuls take the dequantizers below, a tile at a time, then a GEMM. */
 
 #include <stdlib.h>
 
