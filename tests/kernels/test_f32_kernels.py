@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from kernels import attention, c_build, cpu_features, f32_kernels
 from kernels import quant_linear as ql
 from kernels.cpu_features import cpu_path
+from tests.kernels.rounding import int16_rounding_bound, takes_int16
 
 pytestmark = pytest.mark.skipif(c_build.compiler() is None, reason="needs a C compiler")
 
@@ -44,6 +45,24 @@ def rounded_to_int16(x: torch.Tensor) -> torch.Tensor:
     inv = (32767.0 / g.abs().amax(-1, keepdim=True).float()).double()
     levels = torch.round((g.float() * inv.float()).double())  # x * (32767 / amax), in fp32
     return (levels * step).view_as(x)
+
+
+@pytest.mark.parametrize("kind", ql.QUANT_KINDS)
+def test_a_decode_row_takes_zero_and_tiny_groups(kind):
+    """Groups of zeros, of fp32's smallest normals and of subnormals beside ordinary
+    ones: every output finite and as near x w^T as the rounding allows."""
+    qw = ql.quantize(weight(24, 192, seed=3), kind)
+    dq = ql.dequantize(qw).double()
+    x = torch.randn(1, 192, generator=torch.Generator().manual_seed(4))
+    x[:, :32] = 0
+    x[:, 32:64] *= 1e-38
+    x[:, 64:96] *= 1e-44
+    got = f32_kernels.linear(x, kind, qw.data, qw.scale, 192).double()
+    assert torch.isfinite(got).all()
+    bound = 1e-5 * (x.abs().double() @ dq.abs().T) + 1e-30
+    if takes_int16(x, kind):
+        bound = bound + int16_rounding_bound(x, qw)
+    assert ((got - x.double() @ dq.T).abs() <= bound).all()
 
 
 @pytest.mark.parametrize("rows", [1, 2])

@@ -199,9 +199,11 @@ static void int16_rows(const float *x, int64_t in_pad, int64_t rows, int16_t *xq
                 v[j] = _mm256_loadu_ps(p + 8 * j);
                 m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
             }
-            const float amax = hmax((f8)m);
-            xsc[r * groups + g] = amax / 32767.0f;
-            const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
+            /* A group below 1e-30 counts as zeros (32767 / amax would overflow near
+               fp32's smallest normals): it moves no normal output. */
+            const float amax = hmax((f8)m), kept = amax > 1e-30f ? amax : 0.0f;
+            xsc[r * groups + g] = kept / 32767.0f;
+            const __m256 inv = _mm256_set1_ps(kept > 0.0f ? 32767.0f / kept : 0.0f);
             /* packs interleaves 128-bit lanes; the permute puts columns back in order. */
             for (int j = 0; j < 4; j += 2) {
                 const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));
