@@ -222,45 +222,28 @@ static ALWAYS_INLINE __m256 group_idot(__m256i w0, __m256i w1, const int16_t *xq
                                                _mm256_madd_epi16(w1, load16(xq + 16))));
 }
 
-/* int8 on integers: d sx sum(q xq) a group. */
-static ALWAYS_INLINE void idot_int8(const int8_t *w, const uint16_t *ws, const int16_t *xq,
-                                    const float *xsc, int64_t in_pad, const int R, float *res) {
-    const int64_t groups = in_pad / 32;
-    float sc[groups];
-    halves_to_floats(ws, sc, groups);
+/* The 8-bit kinds on integers: int8, d sx sum(q xq) a group; uint8 (offsets), step sx
+   sum(q xq) + (m - 8 step) sum(x), step = d / 16. */
+static ALWAYS_INLINE void idot_8bit(const uint8_t *w, const uint16_t *ws, const int16_t *xq,
+                                    const float *xsc, const float *xs, int64_t in_pad,
+                                    const int offsets, const int R, float *res) {
+    const int64_t groups = in_pad / 32, per_group = offsets ? 2 : 1;
+    float sc[per_group * groups], off[2] = {0, 0};
+    halves_to_floats(ws, sc, per_group * groups);
     __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()},
                         {_mm256_setzero_ps(), _mm256_setzero_ps()}};
     for (int64_t g = 0; g < groups; g++) {
         prefetch_ahead(w + 32 * g);
-        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * g)));
-        const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * g + 16)));
-        for (int r = 0; r < R; r++)
-            acc[r][g & 1] = _mm256_fmadd_ps(group_idot(w0, w1, xq + r * in_pad + 32 * g),
-                                            _mm256_set1_ps(sc[g] * xsc[r * groups + g]),
-                                            acc[r][g & 1]);
-    }
-    for (int r = 0; r < R; r++) res[r] = hsum((f8)_mm256_add_ps(acc[r][0], acc[r][1]));
-}
-
-/* uint8 on integers: step sx sum(q xq) + (m - 8 step) sum(x) a group. */
-static ALWAYS_INLINE void idot_uint8(const uint8_t *w, const uint16_t *ws, const int16_t *xq,
-                                     const float *xsc, const float *xs, int64_t in_pad,
-                                     const int R, float *res) {
-    const int64_t groups = in_pad / 32;
-    float sc[2 * groups], off[2] = {0, 0};
-    halves_to_floats(ws, sc, 2 * groups);
-    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()},
-                        {_mm256_setzero_ps(), _mm256_setzero_ps()}};
-    for (int64_t g = 0; g < groups; g++) {
-        prefetch_ahead(w + 32 * g);
-        const __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * g)));
-        const __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 32 * g + 16)));
-        const float step = sc[2 * g] * (1.0f / 16.0f), shift = sc[2 * g + 1] - 8.0f * step;
+        const __m128i b0 = _mm_loadu_si128((const __m128i *)(w + 32 * g));
+        const __m128i b1 = _mm_loadu_si128((const __m128i *)(w + 32 * g + 16));
+        const __m256i w0 = offsets ? _mm256_cvtepu8_epi16(b0) : _mm256_cvtepi8_epi16(b0);
+        const __m256i w1 = offsets ? _mm256_cvtepu8_epi16(b1) : _mm256_cvtepi8_epi16(b1);
+        const float d = offsets ? sc[2 * g] * (1.0f / 16.0f) : sc[g];
         for (int r = 0; r < R; r++) {
             acc[r][g & 1] = _mm256_fmadd_ps(group_idot(w0, w1, xq + r * in_pad + 32 * g),
-                                            _mm256_set1_ps(step * xsc[r * groups + g]),
+                                            _mm256_set1_ps(d * xsc[r * groups + g]),
                                             acc[r][g & 1]);
-            off[r] += shift * xs[r * groups + g];
+            if (offsets) off[r] += (sc[2 * g + 1] - 8.0f * d) * xs[r * groups + g];
         }
     }
     for (int r = 0; r < R; r++) res[r] = hsum((f8)_mm256_add_ps(acc[r][0], acc[r][1])) + off[r];
@@ -372,10 +355,10 @@ void f32_matmul_tiles(int kind, const float *xs, int64_t batch, int64_t in_pad, 
     float xsc[ints ? batch * in_pad / 32 : 1];
     if (ints) int16_rows(xs, in_pad, batch, xq, xsc);
     /* Each macro's rows start at x, row r0 of xs. */
-#define IDOT8(R) idot_int8((const int8_t *)wb + o * in_pad, w_scale + o * in_pad / 32, \
-                           xq + (x - xs), xsc + (x - xs) / 32, in_pad, R, res)
-#define IDOTU8(R) idot_uint8(wb + o * in_pad, w_scale + o * in_pad / 16, xq + (x - xs), \
-                             xsc + (x - xs) / 32, sums + (x - xs) / 32, in_pad, R, res)
+#define IDOT8(R) idot_8bit(wb + o * in_pad, w_scale + o * in_pad / 32, xq + (x - xs), \
+                           xsc + (x - xs) / 32, NULL, in_pad, 0, R, res)
+#define IDOTU8(R) idot_8bit(wb + o * in_pad, w_scale + o * in_pad / 16, xq + (x - xs), \
+                            xsc + (x - xs) / 32, sums + (x - xs) / 32, in_pad, 1, R, res)
 #define IDOT4(R) idot_int4(wb + o * in_pad / 2, w_scale + o * in_pad / 16, xq + (x - xs), \
                            xsc + (x - xs) / 32, sums + (x - xs) / 32, in_pad, R, res)
     if (ints) {
