@@ -80,6 +80,16 @@ def weight_dtype_under_test() -> str | None:
     return os.environ.get("PREFIXCHAT_TEST_WEIGHT_DTYPE") or None
 
 
+def decode_rows_round_to_int16(engine: LLMEngine) -> bool:
+    """True where the engine's decode rows take the fp32 kernels' integer dots: an fp32
+    engine on the CPU over quantized linear weights, on a build that has them."""
+    from kernels import f32_kernels
+    from kernels.quant_layout import QUANT_KINDS
+
+    return (engine.config.dtype == "float32" and engine.config.weight_dtype in QUANT_KINDS
+            and f32_kernels.available() and f32_kernels.int_dots())
+
+
 def pytest_collection_modifyitems(items) -> None:
     """Mark the tests whose engines take $PREFIXCHAT_TEST_WEIGHT_DTYPE, so a rerun with
     other weights (.ci/run) selects just those (`-m weight_dtype`)."""

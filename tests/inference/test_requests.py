@@ -7,6 +7,7 @@ import pytest
 from inference import AsyncEngine, InvalidRequestError, SamplingParams
 from inference.detokenizer import detokenize_incrementally
 from inference.sequence import Sequence
+from tests.inference.conftest import decode_rows_round_to_int16
 from tests.inference.test_prefix_cache import rand_ids
 
 
@@ -341,6 +342,9 @@ def test_logprobs_are_the_model_s_log_softmax_at_each_generated_position(make_en
     assert [e.token_id for e in entries] == ids and len(ids) == 6
 
     check = make_engine(enable_prefix_caching=False)
+    # The reference forward is a prefill; the logprobs came from decode rows, which on
+    # quantized weights may round their activations to int16 (kernels.f32_kernels).
+    tol = 2e-3 if decode_rows_round_to_int16(engine) else 1e-4
     for i, entry in enumerate(entries):
         context = prompt + ids[:i]
         check.add_request(f"ref{i}", context, SamplingParams(max_tokens=1, logprobs=20))
@@ -348,9 +352,9 @@ def test_logprobs_are_the_model_s_log_softmax_at_each_generated_position(make_en
         reference = dict(ref.top)
         assert len(entry.top) == 4 and entry.top[0][1] >= entry.top[-1][1]
         for token, logprob in entry.top:
-            assert abs(reference[token] - logprob) < 1e-4
+            assert abs(reference[token] - logprob) < tol
         if entry.token_id in reference:
-            assert abs(reference[entry.token_id] - entry.logprob) < 1e-4
+            assert abs(reference[entry.token_id] - entry.logprob) < tol
         assert entry.logprob <= 0 and entry.logprob <= entry.top[0][1] + 1e-6
 
 
