@@ -110,8 +110,9 @@ INT_DOT_ROWS = 2
 
 def int_dots() -> bool:
     """True where one or two fp32 rows of a quantized weight take the integer dots: each
-    group of 32 activations rounded to int16 on its own scale (amax / 32767)."""
-    return bool(loaded().f32_int_dots())
+    group of 32 activations rounded to int16 on its own scale (amax / 32767). False
+    where the kernels are not here."""
+    return available() and bool(loaded().f32_int_dots())
 
 
 def runs_linear(x: torch.Tensor) -> bool:

@@ -11,6 +11,8 @@ import torch
 
 from inference import EngineConfig, LLMEngine
 from inference.loader import resolve_model_path
+from kernels import f32_kernels
+from kernels.quant_layout import QUANT_KINDS
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")
@@ -83,11 +85,8 @@ def weight_dtype_under_test() -> str | None:
 def decode_rows_round_to_int16(engine: LLMEngine) -> bool:
     """True where the engine's decode rows take the fp32 kernels' integer dots: an fp32
     engine on the CPU over quantized linear weights, on a build that has them."""
-    from kernels import f32_kernels
-    from kernels.quant_layout import QUANT_KINDS
-
     return (engine.config.dtype == "float32" and engine.config.weight_dtype in QUANT_KINDS
-            and f32_kernels.available() and f32_kernels.int_dots())
+            and f32_kernels.int_dots())
 
 
 def pytest_collection_modifyitems(items) -> None:

@@ -13,8 +13,7 @@ def takes_int16(x: torch.Tensor, kind: str) -> bool:
     """True where the kernel rounds x's rows to int16: one or two fp32 rows of a
     quantized kind, on a build with the integer dots."""
     return (x.dtype == torch.float32 and x.reshape(-1, x.shape[-1]).shape[0]
-            <= f32_kernels.INT_DOT_ROWS and kind in ql.QUANT_KINDS and f32_kernels.available()
-            and f32_kernels.int_dots())
+            <= f32_kernels.INT_DOT_ROWS and kind in ql.QUANT_KINDS and f32_kernels.int_dots())
 
 
 def levels_part(qw: ql.QuantizedWeight) -> torch.Tensor:
@@ -34,3 +33,12 @@ def int16_rounding_bound(x: torch.Tensor, qw: ql.QuantizedWeight) -> torch.Tenso
     xg = F.pad(x.double(), (0, pad)).view(x.shape[0], -1, 32)
     wg = F.pad(w.double().abs(), (0, pad)).view(w.shape[0], -1, 32).sum(-1)
     return (xg.abs().amax(-1) / 65534.0 * 1.01) @ wg.T
+
+
+def rounded_to_int16(x: torch.Tensor) -> torch.Tensor:
+    """x's rows as the integer dots see them: each group of 32 rounded half to even on
+    a step of its amax / 32767 (the multiply by 32767 / amax in fp32, as the kernel
+    does). fp64."""
+    amax = x.view(x.shape[0], -1, 32).abs().amax(-1, keepdim=True)
+    levels = torch.round(x.view(x.shape[0], -1, 32) * (32767.0 / amax)).double()
+    return (levels * (amax / 32767.0).double()).view_as(x)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from kernels import attention, c_build, cpu_features, f32_kernels
 from kernels import quant_linear as ql
 from kernels.cpu_features import cpu_path
-from tests.kernels.rounding import int16_rounding_bound, takes_int16
+from tests.kernels.rounding import int16_rounding_bound, rounded_to_int16, takes_int16
 
 pytestmark = pytest.mark.skipif(c_build.compiler() is None, reason="needs a C compiler")
 
@@ -35,16 +35,6 @@ def test_the_fp32_kernels_run_on_every_path():
     avx2 = cpu_path() in ("avx512-bf16", "avx2")
     assert ("-mavx2" in f32_kernels.cflags()) == avx2
     assert f32_kernels.int_dots() == avx2
-
-
-def rounded_to_int16(x: torch.Tensor) -> torch.Tensor:
-    """x's rows as the integer dots see them: each group of 32 rounded half to even on
-    a step of its amax / 32767. fp64."""
-    g = x.double().view(x.shape[0], -1, 32)
-    step = (g.abs().amax(-1, keepdim=True).float() / 32767.0).double()
-    inv = (32767.0 / g.abs().amax(-1, keepdim=True).float()).double()
-    levels = torch.round((g.float() * inv.float()).double())  # x * (32767 / amax), in fp32
-    return (levels * step).view_as(x)
 
 
 @pytest.mark.parametrize("kind", ql.QUANT_KINDS)

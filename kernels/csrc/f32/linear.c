@@ -186,6 +186,7 @@ static ALWAYS_INLINE void dot_uint8(const uint8_t *w, const uint16_t *ws, const 
    instructions than this host's memory takes to deliver it; the rounding moves an
    activation by at most 2^-16 of its group's largest, far finer than bf16's. */
 #define INT_DOTS 1
+#define INT_DOT_ROWS 2 /* f32_kernels.INT_DOT_ROWS */
 
 /* rows of x [rows, in_pad] as int16 levels xq and a scale a group, xsc[r * groups + g]. */
 static void int16_rows(const float *x, int64_t in_pad, int64_t rows, int16_t *xq, float *xsc) {
@@ -214,7 +215,9 @@ static void int16_rows(const float *x, int64_t in_pad, int64_t rows, int16_t *xq
         }
 }
 
-static ALWAYS_INLINE __m256i load16(const int16_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static ALWAYS_INLINE __m256i load16(const int16_t *p) {
+    return _mm256_loadu_si256((const __m256i *)p);
+}
 
 /* sum(w x) over 32 columns: 16-bit weights w0 (columns 0..15), w1 (16..31). */
 static ALWAYS_INLINE __m256 group_idot(__m256i w0, __m256i w1, const int16_t *xq) {
@@ -228,10 +231,10 @@ static ALWAYS_INLINE void idot_8bit(const uint8_t *w, const uint16_t *ws, const 
                                     const float *xsc, const float *xs, int64_t in_pad,
                                     const int offsets, const int R, float *res) {
     const int64_t groups = in_pad / 32, per_group = offsets ? 2 : 1;
-    float sc[per_group * groups], off[2] = {0, 0};
+    float sc[per_group * groups], off[INT_DOT_ROWS] = {0};
     halves_to_floats(ws, sc, per_group * groups);
-    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()},
-                        {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    __m256 acc[INT_DOT_ROWS][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         prefetch_ahead(w + 32 * g);
         const __m128i b0 = _mm_loadu_si128((const __m128i *)(w + 32 * g));
@@ -255,11 +258,11 @@ static ALWAYS_INLINE void idot_int4(const uint8_t *w, const uint16_t *ws, const 
                                     const float *xsc, const float *xs, int64_t in_pad,
                                     const int R, float *res) {
     const int64_t groups = in_pad / 32;
-    float sc[2 * groups], off[2] = {0, 0};
+    float sc[2 * groups], off[INT_DOT_ROWS] = {0};
     halves_to_floats(ws, sc, 2 * groups);
     const __m256i low = _mm256_set1_epi16(0x0F);
-    __m256 acc[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()},
-                        {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    __m256 acc[INT_DOT_ROWS][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g += 2) {
         const uint8_t *b = w + 16 * g;
         if (!(g & 2)) prefetch_ahead(b);
@@ -332,7 +335,7 @@ static ALWAYS_INLINE void dot_plain(const float *w, const float *x, int64_t in_p
         }                                                                                 \
     }
 #define TILE_LOOP(DOT_CALL) TILE_LOOP_OF(ROW_SWITCH, DOT_CALL)
-/* The integer dots take one or two rows. */
+/* The integer dots take one or two rows (INT_DOT_ROWS). */
 #define TWO_ROW_SWITCH(DOT_CALL)                                                          \
     if (rows == 1)                                                                        \
         DOT_CALL(1);                                                                      \
@@ -350,7 +353,7 @@ void f32_matmul_tiles(int kind, const float *xs, int64_t batch, int64_t in_pad, 
     if (offsets) group_sums(xs, in_pad, batch, sums);
 #if INT_DOTS
     /* A decode of one or two sequences takes the integer dots. */
-    const int ints = batch <= 2 && kind != F32_BF16 && kind != F32_PLAIN;
+    const int ints = batch <= INT_DOT_ROWS && kind != F32_BF16 && kind != F32_PLAIN;
     int16_t xq[ints ? batch * in_pad : 1];
     float xsc[ints ? batch * in_pad / 32 : 1];
     if (ints) int16_rows(xs, in_pad, batch, xq, xsc);
