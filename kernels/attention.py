@@ -221,6 +221,12 @@ def store_kvcache(
     """Write key/value [num_tokens, kv_heads, head_dim] into their cache slots (an int8
     cache takes them quantized, kernels/kv_quant); all_valid=True
     (AttentionMetadata.all_slots_valid) skips the per-call check."""
+    # fp32 rows on the CPU: one C pass (the decode step's own store), where torch took a
+    # dozen ops a layer to round int8 rows.
+    if (f32_kernels.runs_store_kv(key, value, k_cache) and slot_mapping.is_cpu
+            and slot_mapping.dtype == torch.int64):
+        f32_kernels.store_kv(key, value, k_cache, v_cache, slot_mapping.contiguous())
+        return
     if not all_valid:
         keep = slot_mapping >= 0
         if not bool(keep.all()):

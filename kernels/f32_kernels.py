@@ -62,6 +62,9 @@ def _library() -> ctypes.CDLL | None:
                                                      ctypes.c_int)
     )
     lib.f32_paged_decode_attention.restype = ctypes.c_int
+    lib.f32_store_kv.argtypes = (ptr, i64, ptr, i64, ptr, ptr, ptr) + (i64,) * 3 + (
+        ctypes.c_int, ctypes.c_int)
+    lib.f32_store_kv.restype = ctypes.c_int
     lib.f32_decode_stack.argtypes = (
         (ptr, ptr, i64) + (ptr,) * 4 + (i64, ptr, i64, ptr, ptr) + (ctypes.c_int,)
     )
@@ -189,3 +192,41 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if rc:
         raise MemoryError("no memory for the decode attention's score buffers")
     return out
+
+
+def _token_rows(x: torch.Tensor) -> bool:
+    """fp32 CPU rows [tokens, kv_heads, head_dim] whose heads lie side by side (a token's
+    row may sit in a wider tensor: the K and V of a fused qkv projection)."""
+    return (x.is_cpu and x.dtype == torch.float32 and x.dim() == 3 and x.stride(2) == 1
+            and x.stride(1) == x.shape[2])
+
+
+def runs_store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """True where store_kv takes these rows and this cache: fp32 rows, an fp32, bf16 or
+    int8-row cache on the CPU, contiguous, and the kernels here."""
+    return (_token_rows(key) and _token_rows(value) and key.shape == value.shape
+            and k_cache.dtype in CACHE_DTYPES and k_cache.is_cpu and k_cache.is_contiguous()
+            and available())
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """key, value [tokens, kv_heads, head_dim] (fp32) into their slots of the caches
+    [blocks, block_size, kv_heads, row], rounded as the C decode step stores them (bf16 to
+    nearest even; int8 rows as kernels.kv_quant.quantize, bit for bit); a slot below 0
+    is skipped."""
+    lib = loaded()
+    tokens, kv_heads, head_dim = key.shape
+    if not (runs_store_kv(key, value, k_cache) and v_cache.dtype == k_cache.dtype
+            and v_cache.shape == k_cache.shape and v_cache.is_contiguous()
+            and tuple(k_cache.shape[2:]) == (kv_heads, kv_quant.pool_last_axis(head_dim,
+                                                                            k_cache.dtype))
+            and slots.dtype == torch.int64 and slots.is_contiguous()
+            and slots.shape == (tokens,)):
+        raise ValueError("expected fp32 K/V rows, their caches and an int64 slot per token")
+    rc = lib.f32_store_kv(key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0),
+                          k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), tokens,
+                          kv_heads, head_dim, CACHE_KINDS[k_cache.dtype],
+                          torch.get_num_threads())
+    if rc:
+        raise ValueError("bad shape for storing K/V")

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import attention, c_build, cpu_features, f32_kernels
+from kernels import attention, c_build, cpu_features, f32_kernels, kv_quant
 from kernels import quant_linear as ql
 from kernels.cpu_features import cpu_path
 from tests.kernels.rounding import int16_rounding_bound, rounded_to_int16, takes_int16
@@ -92,6 +92,34 @@ def test_plain_fp32_weights_multiply_as_f_linear(rows):
     x = torch.randn(rows, 128)
     got = f32_kernels.linear(x, "fp32", w.contiguous(), None, 128)
     torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, kv_quant.POOL_DTYPE])
+def test_a_prefills_k_and_v_are_stored_as_torch_stores_them(cache_dtype):
+    """The K and V of a fused qkv projection's rows (views into it), stored in one C pass:
+    the same bytes as torch's ops give (bf16 to nearest even; int8 rows as
+    kv_quant.quantize), padding slots (-1) left alone."""
+    torch.manual_seed(8)
+    tokens, heads, kv_heads, head_dim, block_size, blocks = 37, 9, 3, 64, 16, 8
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim) * 3
+    qkv[5, heads * head_dim : (heads + kv_heads) * head_dim] = 0  # an all-zero row: scale 0
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    v = qkv[:, (heads + kv_heads) * head_dim :].view(tokens, kv_heads, head_dim)
+    slots = torch.randperm(blocks * block_size)[:tokens]
+    slots[[3, 20]] = -1
+    shape = (blocks, block_size, kv_heads, kv_quant.pool_last_axis(head_dim, cache_dtype))
+    got_k, got_v = torch.zeros(shape, dtype=cache_dtype), torch.zeros(shape, dtype=cache_dtype)
+    want_k, want_v = got_k.clone(), got_v.clone()
+    assert f32_kernels.runs_store_kv(k, v, got_k)
+    f32_kernels.store_kv(k, v, got_k, got_v, slots)
+    keep = slots >= 0
+    for cache, x in ((want_k, k), (want_v, v)):
+        x = x[keep]
+        rows = kv_quant.quantize(x) if cache_dtype == kv_quant.POOL_DTYPE else x.to(cache_dtype)
+        cache.view(-1, *shape[2:]).index_copy_(0, slots[keep], rows)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    with pytest.raises(ValueError):
+        f32_kernels.store_kv(k, v, got_k, got_v, slots.int())
 
 
 def reference_decode(q, k_cache, v_cache, tables, lens, scale):
