@@ -224,6 +224,9 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
             and slots.dtype == torch.int64 and slots.is_contiguous()
             and slots.shape == (tokens,)):
         raise ValueError("expected fp32 K/V rows, their caches and an int64 slot per token")
+    # C writes where it is told: a slot past the pool would land outside it.
+    if tokens and int(slots.max()) >= k_cache.shape[0] * k_cache.shape[1]:
+        raise ValueError("a K/V slot lies past the end of the cache")
     rc = lib.f32_store_kv(key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0),
                           k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), tokens,
                           kv_heads, head_dim, CACHE_KINDS[k_cache.dtype],

@@ -120,6 +120,8 @@ def test_a_prefills_k_and_v_are_stored_as_torch_stores_them(cache_dtype):
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
     with pytest.raises(ValueError):
         f32_kernels.store_kv(k, v, got_k, got_v, slots.int())
+    with pytest.raises(ValueError, match="past the end"):
+        f32_kernels.store_kv(k, v, got_k, got_v, slots + blocks * block_size)
 
 
 def reference_decode(q, k_cache, v_cache, tables, lens, scale):
