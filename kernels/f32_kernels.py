@@ -62,7 +62,7 @@ def _library() -> ctypes.CDLL | None:
                                                      ctypes.c_int)
     )
     lib.f32_paged_decode_attention.restype = ctypes.c_int
-    lib.f32_store_kv.argtypes = (ptr, i64, ptr, i64, ptr, ptr, ptr) + (i64,) * 3 + (
+    lib.f32_store_kv.argtypes = (ptr, i64, ptr, i64, ptr, ptr, ptr) + (i64,) * 4 + (
         ctypes.c_int, ctypes.c_int)
     lib.f32_store_kv.restype = ctypes.c_int
     lib.f32_decode_stack.argtypes = (
@@ -224,12 +224,11 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
             and slots.dtype == torch.int64 and slots.is_contiguous()
             and slots.shape == (tokens,)):
         raise ValueError("expected fp32 K/V rows, their caches and an int64 slot per token")
-    # C writes where it is told: a slot past the pool would land outside it.
-    if tokens and int(slots.max()) >= k_cache.shape[0] * k_cache.shape[1]:
-        raise ValueError("a K/V slot lies past the end of the cache")
+    # The C checks each slot against the pool's tokens before it writes (in the same
+    # call, not a torch op a layer).
     rc = lib.f32_store_kv(key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0),
                           k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), tokens,
-                          kv_heads, head_dim, CACHE_KINDS[k_cache.dtype],
-                          torch.get_num_threads())
+                          k_cache.shape[0] * k_cache.shape[1], kv_heads, head_dim,
+                          CACHE_KINDS[k_cache.dtype], torch.get_num_threads())
     if rc:
-        raise ValueError("bad shape for storing K/V")
+        raise ValueError("a K/V slot lies past the end of the cache, or a bad shape")

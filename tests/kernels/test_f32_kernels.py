@@ -121,7 +121,8 @@ def test_a_prefills_k_and_v_are_stored_as_torch_stores_them(cache_dtype):
     with pytest.raises(ValueError):
         f32_kernels.store_kv(k, v, got_k, got_v, slots.int())
     with pytest.raises(ValueError, match="past the end"):
-        f32_kernels.store_kv(k, v, got_k, got_v, slots + blocks * block_size)
+        f32_kernels.store_kv(k, v, got_k * 0, got_v, slots + blocks * block_size)
+    assert torch.equal(got_v, want_v)  # refused before any write
 
 
 def reference_decode(q, k_cache, v_cache, tables, lens, scale):

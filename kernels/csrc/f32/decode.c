@@ -83,11 +83,16 @@ static void store_kv(void *cache, int64_t i, const float *x, int64_t heads, int6
 /* K and V of `tokens` tokens (fp32 rows of kv_heads x head_dim, a token every
    key_stride / value_stride floats) stored at their slots in caches of kv_kind, rounded
    as the decode step stores its own; a slot below 0 (padding) is skipped. For a
-   prefill's rows: torch took a dozen passes over them for int8 rows. */
+   prefill's rows: torch took a dozen passes over them for int8 rows. Returns 2, having
+   written nothing, for a bad kind or shape or a slot at or past `capacity` (the
+   caches' tokens). */
 int f32_store_kv(const float *key, int64_t key_stride, const float *value, int64_t value_stride,
                  void *k_cache, void *v_cache, const int64_t *slots, int64_t tokens,
-                 int64_t kv_heads, int64_t head_dim, int kv_kind, int threads) {
+                 int64_t capacity, int64_t kv_heads, int64_t head_dim, int kv_kind,
+                 int threads) {
     if (kv_kind < KV_F32 || kv_kind > KV_INT8 || head_dim < 1 || kv_heads < 1) return 2;
+    for (int64_t t = 0; t < tokens; t++)
+        if (slots[t] >= capacity) return 2;
     const int64_t token = kv_heads * kv_row_elems(head_dim, kv_kind);
 #pragma omp parallel for schedule(static) num_threads(threads) if (tokens * token >= 65536)
     for (int64_t t = 0; t < tokens; t++) {
