@@ -294,6 +294,10 @@ def paged_attention(
         start, length = meta.query_start_loc[i], meta.seq_lens[i]
         q = query[start : start + n]
         table = meta.block_tables[i]
+        if _f32_prefill_runs(q, k_cache):
+            out[start : start + n] = f32_kernels.prefill_attention(
+                q, k_cache, v_cache, table, length, scale)
+            continue
         held_whole = (
             query.is_cpu
             and k_cache.dtype in _HELD_WHOLE_DTYPES
@@ -592,6 +596,13 @@ def _decode_attention(
     q = query.to(k.dtype).view(b, kv_heads, group, head_dim)
     o = _flash(q, k.transpose(1, 2), v.transpose(1, 2), d.mask(k.dtype), scale)
     return o.reshape(b, -1, head_dim)
+
+
+def _f32_prefill_runs(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """fp32 queries of a prompt or chunk on a CPU where the own attention (csrc/f32/
+    attention.c) has its register tile: twice torch's flash kernel at 512 tokens on a
+    Zen 4 (docs/benchmarks.md). Elsewhere torch's kernels."""
+    return f32_kernels.tiles_fast() and f32_kernels.runs_prefill_attention(query, k_cache)
 
 
 def _f32_decode_runs(query: torch.Tensor, k_cache: torch.Tensor) -> bool:

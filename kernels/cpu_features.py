@@ -45,16 +45,28 @@ LIBRARY_ENV = {
 }
 
 
-@cache
-def cpu_flags() -> frozenset[str]:
+def _cpuinfo_field(name: str) -> str | None:
+    """The first /proc/cpuinfo line's value for `name`, or None."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
-    return frozenset()
+    return None
+
+
+@cache
+def cpu_flags() -> frozenset[str]:
+    return frozenset((_cpuinfo_field("flags") or "").split())
+
+
+@cache
+def cpu_vendor() -> str:
+    """x86's vendor string (GenuineIntel, AuthenticAMD, ...), or "" elsewhere."""
+    return _cpuinfo_field("vendor_id") or ""
 
 
 def is_arm64() -> bool:

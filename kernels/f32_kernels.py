@@ -23,8 +23,9 @@ from kernels.cpu_features import AVX2_FLAGS, cpu_flags, cpu_path
 from kernels.cpu_kernels import check_paged_decode
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "f32" / "linear.c", CSRC / "f32" / "decode.c")
-HEADERS = (CSRC / "f32" / "simd.h", CSRC / "f32" / "f32.h", CSRC / "stack.h")
+SOURCES = tuple(CSRC / "f32" / f for f in ("linear.c", "decode.c", "gemm.c", "attention.c"))
+HEADERS = tuple(CSRC / "f32" / f for f in ("simd.h", "f32.h", "kv_row.h", "tile.h")) + (
+    CSRC / "stack.h",)
 BASE_FLAGS = ("-O3", "-fopenmp", "-Wno-psabi")
 AVX2_CFLAGS = ("-mavx2", "-mfma", "-mf16c")
 # Rows a call takes (csrc/f32/f32.h's F32_MAX_BATCH): decode steps of up to this many
@@ -55,6 +56,10 @@ def _library() -> ctypes.CDLL | None:
     lib.f32_linear.restype = ctypes.c_int
     lib.f32_dequant.argtypes = (ctypes.c_int, ptr, ptr, i64, i64, i64, ptr, ctypes.c_int)
     lib.f32_dequant.restype = ctypes.c_int
+    lib.f32_gemm.argtypes = (ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, i64, ptr, ctypes.c_int)
+    lib.f32_gemm.restype = ctypes.c_int
+    lib.f32_tiles_fast.argtypes = ()
+    lib.f32_tiles_fast.restype = ctypes.c_int
     lib.f32_int_dots.argtypes = ()
     lib.f32_int_dots.restype = ctypes.c_int
     lib.f32_paged_decode_attention.argtypes = (
@@ -62,6 +67,10 @@ def _library() -> ctypes.CDLL | None:
                                                      ctypes.c_int)
     )
     lib.f32_paged_decode_attention.restype = ctypes.c_int
+    lib.f32_prefill_attention.argtypes = (
+        (ptr, i64, ptr, ptr, ptr) + (i64,) * 3 + (ptr,) + (i64,) * 4
+        + (ctypes.c_float, ctypes.c_int, ctypes.c_int))
+    lib.f32_prefill_attention.restype = ctypes.c_int
     lib.f32_store_kv.argtypes = (ptr, i64, ptr, i64, ptr, ptr, ptr) + (i64,) * 4 + (
         ctypes.c_int, ctypes.c_int)
     lib.f32_store_kv.restype = ctypes.c_int
@@ -143,6 +152,28 @@ def linear(x: torch.Tensor, kind: str, data: torch.Tensor, scale: torch.Tensor |
     return y
 
 
+def tiles_fast() -> bool:
+    """True where the register tile of gemm and prefill_attention is measured to beat
+    torch's kernels on this build (AVX2); they run, slower, everywhere."""
+    return available() and bool(loaded().f32_tiles_fast())
+
+
+def gemm(x: torch.Tensor, kind: str, data: torch.Tensor, scale: torch.Tensor | None,
+         in_features: int) -> torch.Tensor:
+    """x [rows, in] (fp32, any number of rows) times a stored weight's transpose, with
+    the weight dequantized a panel at a time inside the GEMM: fp32 [rows, out]."""
+    lib = loaded()
+    in_pad = _check_weight(kind, data, scale, in_features)
+    if not (x.dim() == 2 and x.shape[0] > 0 and x.shape[1] == in_features and _f32_cpu(x)):
+        raise ValueError(f"expected [rows, {in_features}] contiguous fp32 CPU rows, "
+                         f"got {tuple(x.shape)} {x.dtype}")
+    y = x.new_empty(x.shape[0], data.shape[0])
+    if lib.f32_gemm(KINDS[kind], x.data_ptr(), x.shape[0], in_features, in_pad, data.data_ptr(),
+                    _scale_ptr(scale), data.shape[0], y.data_ptr(), torch.get_num_threads()):
+        raise ValueError("bad shape for the fp32 GEMM")
+    return y
+
+
 def dequantize(kind: str, data: torch.Tensor, scale: torch.Tensor | None,
                in_features: int) -> torch.Tensor:
     """A stored weight as a plain fp32 [out, in] tensor."""
@@ -191,6 +222,45 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         raise ValueError(f"head_dim {head_dim} is not a multiple of 8 up to 256")
     if rc:
         raise MemoryError("no memory for the decode attention's score buffers")
+    return out
+
+
+def runs_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """True where prefill_attention takes these: fp32 query rows [n, heads, head_dim]
+    (heads side by side), an fp32, bf16 or int8-row cache on the CPU, contiguous,
+    head_dim a multiple of 16 up to 256, and the kernels here."""
+    head_dim = kv_quant.head_dim_of(k_cache)
+    return (query.is_cpu and query.dtype == torch.float32 and query.dim() == 3
+            and query.stride(2) == 1 and query.stride(1) == query.shape[2]
+            and head_dim % 16 == 0 and 0 < head_dim <= 256 and k_cache.dtype in CACHE_DTYPES
+            and k_cache.is_cpu and k_cache.is_contiguous() and available())
+
+
+def prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      table: torch.Tensor, length: int, scale: float) -> torch.Tensor:
+    """Causal attention of n queries [n, H, D] (fp32), the last n of `length` positions
+    of one sequence, over its K/V read through its block table (int64) from fp32, bf16
+    or int8 caches [blocks, block_size, kv_heads, row]: fp32 [n, H, D]."""
+    lib = loaded()
+    n, heads, head_dim = query.shape
+    blocks, block_size, kv_heads, _ = k_cache.shape
+    if not (runs_prefill_attention(query, k_cache) and v_cache.dtype == k_cache.dtype
+            and v_cache.shape == k_cache.shape and v_cache.is_contiguous()
+            and kv_quant.head_dim_of(k_cache) == head_dim and heads % kv_heads == 0
+            and 0 < n <= length and table.dtype == torch.int64 and table.is_contiguous()
+            and table.dim() == 1 and table.shape[0] * block_size >= length):
+        raise ValueError("expected fp32 query rows, their caches and an int64 block table "
+                         "covering the sequence")
+    out = query.new_empty(n, heads, head_dim)
+    rc = lib.f32_prefill_attention(
+        query.data_ptr(), query.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+        table.data_ptr(), blocks, n, length, out.data_ptr(), heads, kv_heads, head_dim,
+        block_size, scale, CACHE_KINDS[k_cache.dtype], torch.get_num_threads())
+    if rc == 1:
+        raise MemoryError("no memory for the prefill attention's K/V")
+    if rc:
+        raise ValueError("bad shape for the prefill attention, or a block of the table past "
+                         "the end of the cache")
     return out
 
 

@@ -50,14 +50,20 @@ order of its fp32 sums, and a prefix recomputed after preemption matches its dec
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
 
 from kernels import cpu_kernels, f32_kernels
+from kernels.cpu_features import cpu_vendor
 from kernels.cpu_linear import packed_linear
 from kernels.quant_layout import GROUP, KINDS, PAD, QUANT_KINDS, padded
+
+log = logging.getLogger(__name__)
 
 __all__ = ["KINDS", "QUANT_KINDS", "QuantizedWeight", "quant_linear", "quantize", "dequantize"]
 
@@ -215,10 +221,38 @@ def quant_linear(
     return dequant_linear(x, qw, bias)
 
 
+# Which GEMM multiplies many fp32 rows by a stored weight: "own" (kernels/csrc/f32/
+# gemm.c, dequantizing as it goes) or "torch" (F.linear, MKL's sgemm, over tiles
+# dequantized to memory). "auto" takes the own one on x86 CPUs not made by Intel:
+# MKL keeps its fast kernels for Intel's, and on a Zen 4 the own one ran 1.1-1.2x
+# MKL, on a Xeon an earlier form of it 0.85-0.93x (docs/benchmarks.md). ARM keeps
+# torch's until measured there.
+PREFILL_GEMM_ENV = "PREFIXCHAT_PREFILL_GEMM"
+PREFILL_GEMMS = ("auto", "own", "torch")
+
+
+@cache
+def prefill_gemm() -> str:
+    """The GEMM this process takes for many fp32 rows: "own" or "torch"."""
+    wanted = os.environ.get(PREFILL_GEMM_ENV, "auto").strip().lower() or "auto"
+    if wanted not in PREFILL_GEMMS:
+        log.warning("%s=%s is not one of %s; taking auto", PREFILL_GEMM_ENV, wanted,
+                    ", ".join(PREFILL_GEMMS))
+        wanted = "auto"
+    if wanted == "auto":
+        wanted = "own" if cpu_vendor() not in ("", "GenuineIntel") else "torch"
+    return "own" if wanted == "own" and f32_kernels.tiles_fast() else "torch"
+
+
 def dequant_linear(
     x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The many-row path: F.linear over the weight dequantized to x's dtype."""
+    if x.dtype == torch.float32 and x.is_cpu and qw.data.is_cpu and prefill_gemm() == "own":
+        rows = x.reshape(-1, qw.in_features).contiguous()
+        y = f32_kernels.gemm(rows, qw.kind, qw.data, qw.scale, qw.in_features)
+        y = y.view(*x.shape[:-1], qw.out_features)
+        return y if bias is None else y.add_(bias)
     # Dequantize a slice of output rows at a time: the slice is still in cache when
     # oneDNN reads it, and a whole large weight (the head: 56 MB in bf16) would be a
     # fresh mapping, page-faulted in, on every call.

@@ -20,6 +20,14 @@ enum { F32_INT8 = 0, F32_INT4 = 1, F32_BF16 = 2, F32_UINT8 = 3, F32_PLAIN = 4 };
 void f32_matmul_tiles(int kind, const float *x, int64_t batch, int64_t in_pad, const void *w,
                       const uint16_t *w_scale, int64_t out, float *y);
 
+/* 1 for a kind above. */
+int f32_valid_kind(int kind);
+
+/* Columns k .. k + 63 (k a multiple of 64) of weight row o as floats, exactly as
+   torch's dequantize gives them. */
+void f32_dequant_chunk(int kind, const void *w, const uint16_t *w_scale, int64_t in_pad,
+                       int64_t o, int64_t k, float row[64]);
+
 /* rows of x [rows, in] copied to act [rows, in_pad], zero-padded. */
 void f32_pad_rows(float *act, const float *x, int64_t rows, int64_t in, int64_t in_pad);
 

@@ -411,13 +411,11 @@ void f32_pad_rows(float *act, const float *x, int64_t rows, int64_t in, int64_t 
 /* 1 where one or two rows of a quantized kind take the integer dots (int16 activations). */
 int f32_int_dots(void) { return INT_DOTS; }
 
-static int valid_kind(int kind) { return kind >= F32_INT8 && kind <= F32_PLAIN; }
-
 /* y[rows, out] = x[rows, in] W^T; rows 1..F32_MAX_BATCH. Returns 0, 1 for no memory, 2
    for a bad shape or kind. */
 int f32_linear(int kind, const float *x, int64_t rows, int64_t in, int64_t in_pad,
                const void *w, const uint16_t *w_scale, int64_t out, float *y, int threads) {
-    if (rows < 1 || rows > F32_MAX_BATCH || in_pad % 64 || in > in_pad || !valid_kind(kind)) return 2;
+    if (rows < 1 || rows > F32_MAX_BATCH || in_pad % 64 || in > in_pad || !f32_valid_kind(kind)) return 2;
     float *act = malloc((size_t)(rows * in_pad) * sizeof(float));
     if (!act) return 1;
     f32_pad_rows(act, x, rows, in, in_pad);
@@ -428,49 +426,57 @@ int f32_linear(int kind, const float *x, int64_t rows, int64_t in, int64_t in_pa
     return 0;
 }
 
+/* Columns k .. k + 63 of weight row o as floats (k a multiple of 64). */
+void f32_dequant_chunk(int kind, const void *w, const uint16_t *w_scale, int64_t in_pad,
+                       int64_t o, int64_t k, float row[64]) {
+    if (kind == F32_INT4) {
+        const uint8_t *b = (const uint8_t *)w + o * in_pad / 2 + k / 2;
+        const uint16_t *g = w_scale + o * in_pad / 16 + k / 16;
+        const float d0 = half_to_float(g[0]), m0 = half_to_float(g[1]);
+        const float d1 = half_to_float(g[2]), m1 = half_to_float(g[3]);
+        for (int j = 0; j < 32; j++) {
+            row[j] = (float)(b[j] & 0x0F) * d0 + m0;
+            row[32 + j] = (float)(b[j] >> 4) * d1 + m1;
+        }
+    } else if (kind == F32_INT8) {
+        const int8_t *q = (const int8_t *)w + o * in_pad + k;
+        const uint16_t *s = w_scale + o * in_pad / 32 + k / 32;
+        /* Scales read once per 32 values: per value, the call kept the loop scalar. */
+        const float s0 = half_to_float(s[0]), s1 = half_to_float(s[1]);
+        for (int j = 0; j < 32; j++) {
+            row[j] = (float)q[j] * s0;
+            row[32 + j] = (float)q[32 + j] * s1;
+        }
+    } else if (kind == F32_UINT8) {
+        const uint8_t *q = (const uint8_t *)w + o * in_pad + k;
+        const uint16_t *s = w_scale + o * in_pad / 16 + k / 16;
+        for (int h = 0; h < 2; h++) {
+            const float step = half_to_float(s[2 * h]) * (1.0f / 16.0f);
+            const float shift = half_to_float(s[2 * h + 1]) - 8.0f * step;
+            for (int j = 32 * h; j < 32 * h + 32; j++) row[j] = (float)q[j] * step + shift;
+        }
+    } else if (kind == F32_BF16) {
+        const uint16_t *b = (const uint16_t *)w + o * in_pad + k;
+        for (int j = 0; j < 64; j++) {
+            const uint32_t u = (uint32_t)b[j] << 16;
+            memcpy(row + j, &u, sizeof(float));
+        }
+    } else {
+        memcpy(row, (const float *)w + o * in_pad + k, 64 * sizeof(float));
+    }
+}
+
+int f32_valid_kind(int kind) { return kind >= F32_INT8 && kind <= F32_PLAIN; }
+
 /* W as fp32 [out, in] (the padding dropped), for many-row matmuls. */
 int f32_dequant(int kind, const void *w, const uint16_t *w_scale, int64_t out, int64_t in,
                 int64_t in_pad, float *dst, int threads) {
-    if (in_pad % 64 || in > in_pad || !valid_kind(kind)) return 2;
+    if (in_pad % 64 || in > in_pad || !f32_valid_kind(kind)) return 2;
 #pragma omp parallel for schedule(static) num_threads(threads) if (out * in >= 65536)
     for (int64_t o = 0; o < out; o++) {
         float row[64];
         for (int64_t k = 0; k < in; k += 64) {
-            if (kind == F32_INT4) {
-                const uint8_t *b = (const uint8_t *)w + o * in_pad / 2 + k / 2;
-                const uint16_t *g = w_scale + o * in_pad / 16 + k / 16;
-                const float d0 = half_to_float(g[0]), m0 = half_to_float(g[1]);
-                const float d1 = half_to_float(g[2]), m1 = half_to_float(g[3]);
-                for (int j = 0; j < 32; j++) {
-                    row[j] = (float)(b[j] & 0x0F) * d0 + m0;
-                    row[32 + j] = (float)(b[j] >> 4) * d1 + m1;
-                }
-            } else if (kind == F32_INT8) {
-                const int8_t *q = (const int8_t *)w + o * in_pad + k;
-                const uint16_t *s = w_scale + o * in_pad / 32 + k / 32;
-                /* Scales read once per 32 values: per value, the call kept the loop scalar. */
-                const float s0 = half_to_float(s[0]), s1 = half_to_float(s[1]);
-                for (int j = 0; j < 32; j++) {
-                    row[j] = (float)q[j] * s0;
-                    row[32 + j] = (float)q[32 + j] * s1;
-                }
-            } else if (kind == F32_UINT8) {
-                const uint8_t *q = (const uint8_t *)w + o * in_pad + k;
-                const uint16_t *s = w_scale + o * in_pad / 16 + k / 16;
-                for (int h = 0; h < 2; h++) {
-                    const float step = half_to_float(s[2 * h]) * (1.0f / 16.0f);
-                    const float shift = half_to_float(s[2 * h + 1]) - 8.0f * step;
-                    for (int j = 32 * h; j < 32 * h + 32; j++) row[j] = (float)q[j] * step + shift;
-                }
-            } else if (kind == F32_BF16) {
-                const uint16_t *b = (const uint16_t *)w + o * in_pad + k;
-                for (int j = 0; j < 64; j++) {
-                    const uint32_t u = (uint32_t)b[j] << 16;
-                    memcpy(row + j, &u, sizeof(float));
-                }
-            } else {
-                memcpy(row, (const float *)w + o * in_pad + k, sizeof row);
-            }
+            f32_dequant_chunk(kind, w, w_scale, in_pad, o, k, row);
             const int64_t n = in - k < 64 ? in - k : 64;
             memcpy(dst + o * in + k, row, (size_t)n * sizeof(float));
         }

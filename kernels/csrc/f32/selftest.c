@@ -1,7 +1,8 @@
 /* The fp32 kernels' own test, in C, for a CPU that Python's tests cannot reach here:
    built with a cross compiler and run under qemu-user (ARM64's NEON path), and
-   natively too. Each weight kind's matmul of 1..8 rows, the dequantizers and the
-   paged decode attention are held to plain scalar references; prints one line per
+   natively too. Each weight kind's matmul of 1..8 rows and GEMM of many, the
+   dequantizers, and the paged decode and prefill attentions are held to plain scalar
+   references; prints one line per
    check and a closing "N passed, N failed" line, and exits non-zero on a failure. */
 
 #include <math.h>
@@ -16,6 +17,13 @@ int f32_linear(int kind, const float *x, int64_t rows, int64_t in, int64_t in_pa
                const void *w, const uint16_t *w_scale, int64_t out, float *y, int threads);
 int f32_dequant(int kind, const void *w, const uint16_t *w_scale, int64_t out, int64_t in,
                 int64_t in_pad, float *dst, int threads);
+int f32_gemm(int kind, const float *x, int64_t rows, int64_t in, int64_t in_pad, const void *w,
+             const uint16_t *w_scale, int64_t out, float *y, int threads);
+int f32_prefill_attention(const float *q, int64_t q_stride, const void *k_cache,
+                          const void *v_cache, const int64_t *table, int64_t num_blocks, int64_t n,
+                          int64_t length, float *out, int64_t heads, int64_t kv_heads,
+                          int64_t head_dim, int64_t block_size, float scale, int kv_kind,
+                          int threads);
 int f32_paged_decode_attention(const float *query, const void *k_cache, const void *v_cache,
                                const int64_t *tables, int64_t table_stride, const int64_t *lens,
                                float *out, int64_t batch, int64_t heads, int64_t kv_heads,
@@ -193,6 +201,52 @@ static void test_linear(int kind, const char *name, int64_t out, int64_t in) {
     free(scale);
 }
 
+/* The GEMM of many rows against a reference, and each row the same, bit for bit,
+   when computed alone (a prompt's rows do not depend on the rows beside them). */
+static void test_gemm(int kind, const char *name, int64_t out, int64_t in, int64_t rows) {
+    const int64_t in_pad = (in + 63) / 64 * 64;
+    double *w = calloc((size_t)(out * in), sizeof(double));
+    double *lv = calloc((size_t)(out * in), sizeof(double));
+    void *data;
+    uint16_t *scale;
+    make_weight(kind, out, in, in_pad, &data, &scale, w, lv);
+    float *x = malloc((size_t)(rows * in) * sizeof(float));
+    float *y = malloc((size_t)(rows * out) * sizeof(float));
+    float *alone = malloc((size_t)out * sizeof(float));
+    double *want = malloc((size_t)(rows * out) * sizeof(double));
+    double *mag = malloc((size_t)(rows * out) * sizeof(double));
+    for (int64_t i = 0; i < rows * in; i++) x[i] = uniform();
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < out; o++) {
+            double sum = 0.0, a = 0.0;
+            for (int64_t c = 0; c < in; c++) {
+                sum += (double)x[r * in + c] * w[o * in + c];
+                a += fabs((double)x[r * in + c] * w[o * in + c]);
+            }
+            want[r * out + o] = sum;
+            mag[r * out + o] = a;
+        }
+    char what[96];
+    snprintf(what, sizeof what, "gemm %s %lldx%lld, %lld rows", name, (long long)out,
+             (long long)in, (long long)rows);
+    int rc = f32_gemm(kind, x, rows, in, in_pad, data, scale, out, y, 2);
+    if (rc) {
+        printf("FAIL %s: returned %d\n", what, rc);
+        failed++;
+    } else {
+        check(what, y, want, mag, rows * out);
+        int same = 1;
+        for (int64_t r = 0; r < rows; r += rows / 3 + 1) {
+            rc |= f32_gemm(kind, x + r * in, 1, in, in_pad, data, scale, out, alone, 2);
+            same &= !rc && !memcmp(alone, y + r * out, (size_t)out * sizeof(float));
+        }
+        printf("%s gemm %s: a row alone as in the batch\n", same ? "ok  " : "FAIL", name);
+        same ? passed++ : failed++;
+    }
+    free(w), free(lv), free(data), free(scale), free(x), free(y), free(alone), free(want),
+        free(mag);
+}
+
 /* The bf16 bits of f, truncated; f becomes the value they hold (exact as a float). */
 static uint16_t to_bf16(float *f) {
     uint32_t u;
@@ -290,12 +344,108 @@ static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, in
         free(mag), free(p);
 }
 
+/* Causal attention of the last n of len positions over caches of `kind` against a
+   reference, and the same rows, bit for bit, when the whole prompt attends at once
+   (a prefix-cache hit leaves what the rows compute unchanged). */
+static void test_prefill(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t n,
+                         int64_t len, int kind) {
+    const int64_t block_size = 16, blocks = (len + 15) / 16 + 2, token = kv_heads * head_dim;
+    const int64_t values = blocks * block_size * token, rows = blocks * block_size * kv_heads;
+    const int64_t row_bytes = head_dim + 4, qrow = heads * head_dim;
+    float *k = malloc((size_t)values * sizeof(float)), *v = malloc((size_t)values * sizeof(float));
+    uint16_t *k16 = malloc((size_t)values * sizeof(uint16_t));
+    uint16_t *v16 = malloc((size_t)values * sizeof(uint16_t));
+    uint8_t *k8 = malloc((size_t)(rows * row_bytes)), *v8 = malloc((size_t)(rows * row_bytes));
+    float *q = malloc((size_t)(len * qrow) * sizeof(float));
+    float *o = malloc((size_t)(len * qrow) * sizeof(float));
+    float *whole = malloc((size_t)(len * qrow) * sizeof(float));
+    double *want = calloc((size_t)(n * qrow), sizeof(double));
+    double *mag = calloc((size_t)(n * qrow), sizeof(double));
+    double *p = malloc((size_t)len * sizeof(double));
+    int64_t table[64];
+    for (int64_t i = 0; i < values; i++) {
+        k[i] = uniform(), v[i] = uniform();
+        if (kind == 1) k16[i] = to_bf16(&k[i]), v16[i] = to_bf16(&v[i]);
+    }
+    if (kind == 2)
+        for (int64_t r = 0; r < rows; r++) {
+            to_int8_row(k + r * head_dim, head_dim, k8 + r * row_bytes);
+            to_int8_row(v + r * head_dim, head_dim, v8 + r * row_bytes);
+        }
+    for (int64_t i = 0; i < len * qrow; i++) q[i] = uniform();
+    for (int64_t b = 0; b < blocks; b++) table[b] = blocks - 1 - b; /* out of order */
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    const float *mine = q + (len - n) * qrow; /* the last n queries */
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t kvh = h / (heads / kv_heads), last = len - n + i;
+            double mx = -INFINITY, sum = 0.0;
+            for (int64_t t = 0; t <= last; t++) {
+                const int64_t slot = table[t / block_size] * block_size + t % block_size;
+                double s = 0.0;
+                for (int64_t c = 0; c < head_dim; c++)
+                    s += (double)mine[i * qrow + h * head_dim + c] *
+                         k[slot * token + kvh * head_dim + c];
+                p[t] = s * scale;
+                mx = p[t] > mx ? p[t] : mx;
+            }
+            for (int64_t t = 0; t <= last; t++) sum += p[t] = exp(p[t] - mx);
+            for (int64_t t = 0; t <= last; t++) {
+                const int64_t slot = table[t / block_size] * block_size + t % block_size;
+                for (int64_t c = 0; c < head_dim; c++) {
+                    const double val = v[slot * token + kvh * head_dim + c];
+                    want[i * qrow + h * head_dim + c] += p[t] / sum * val;
+                    mag[i * qrow + h * head_dim + c] += p[t] / sum * fabs(val);
+                }
+            }
+        }
+    const void *kc = kind == 2 ? (const void *)k8 : kind == 1 ? (const void *)k16 : k;
+    const void *vc = kind == 2 ? (const void *)v8 : kind == 1 ? (const void *)v16 : v;
+    char what[160];
+    snprintf(what, sizeof what,
+             "prefill attention %lld heads over %lld, dim %lld, last %lld of %lld tokens, %s KV",
+             (long long)heads, (long long)kv_heads, (long long)head_dim, (long long)n,
+             (long long)len, kind == 2 ? "int8" : kind == 1 ? "bf16" : "fp32");
+    int rc = f32_prefill_attention(mine, qrow, kc, vc, table, blocks, n, len, o, heads, kv_heads,
+                                   head_dim, block_size, scale, kind, 2);
+    if (rc) {
+        printf("FAIL %s: returned %d\n", what, rc);
+        failed++;
+    } else {
+        for (int64_t i = 0; i < n * qrow; i++) mag[i] += 1.0; /* exp's ulps */
+        check(what, o, want, mag, n * qrow);
+        rc = f32_prefill_attention(q, qrow, kc, vc, table, blocks, len, len, whole, heads,
+                                   kv_heads, head_dim, block_size, scale, kind, 2);
+        const int same = !rc && !memcmp(o, whole + (len - n) * qrow,
+                                         (size_t)(n * qrow) * sizeof(float));
+        printf("%s %s: as within the whole prompt\n", same ? "ok  " : "FAIL", what);
+        same ? passed++ : failed++;
+    }
+    table[0] = blocks; /* past the caches: refused before anything is read */
+    rc = f32_prefill_attention(mine, qrow, kc, vc, table, blocks, n, len, o, heads, kv_heads,
+                               head_dim, block_size, scale, kind, 2);
+    printf("%s prefill attention refuses a block past the caches\n", rc == 2 ? "ok  " : "FAIL");
+    rc == 2 ? passed++ : failed++;
+    free(k), free(v), free(k16), free(v16), free(k8), free(v8), free(q), free(o), free(whole),
+        free(want), free(mag), free(p);
+}
+
 int main(void) {
     static const char *names[] = {"int8", "int4", "bf16", "uint8", "fp32"};
     static const int64_t shapes[][2] = {{64, 576}, {70, 100}, {33, 1536}, {16, 64}};
     for (int kind = 0; kind <= F32_PLAIN; kind++)
         for (int s = 0; s < 4; s++) test_linear(kind, names[kind], shapes[s][0], shapes[s][1]);
+    for (int kind = 0; kind <= F32_PLAIN; kind++) {
+        test_gemm(kind, names[kind], 64, 576, 70);
+        test_gemm(kind, names[kind], 37, 100, 13); /* tails of every block */
+        test_gemm(kind, names[kind], 48, 1536, 520);
+    }
     for (int kind = 0; kind <= 2; kind++) { /* fp32, bf16, int8 caches */
+        test_prefill(9, 3, 64, 300, 300, kind);
+        test_prefill(9, 3, 64, 37, 300, kind); /* after a prefix, mid-block */
+        test_prefill(4, 4, 16, 1, 40, kind);
+        test_prefill(8, 2, 256, 20, 150, kind);
+        test_prefill(6, 1, 32, 5, 5, kind);
         test_attention(9, 3, 64, 1, 0, kind);
         test_attention(9, 3, 64, 100, 0, kind);
         test_attention(4, 4, 16, 37, 0, kind);
