@@ -12,6 +12,8 @@
                                         OpenAI-compatible server over HTTP
     python -m bench plot A.json B.json  TTFT by turn of several runs in one PNG
     python -m bench kernels-cpu         the C kernels against the torch ops they replace
+    python -m bench prefill-cpu         the fp32 prefill's own GEMM and attention against
+                                        torch's kernels, and a cold prompt with each
     python -m bench prefill-batch       32 short prompts in one step: attention batched
                                         or per sequence, and transformers' padded batch
     python -m bench shared-prefix       16 new chats on one system prompt at once: turn-0
@@ -56,6 +58,7 @@ SUBCOMMANDS = {
     "offload": "bench.offload",
     "plot": "bench.plot",
     "kernels-cpu": "bench.kernels_cpu",
+    "prefill-cpu": "bench.prefill_cpu",
     "prefill-batch": "bench.prefill_batch",
     "shared-prefix": "bench.shared_prefix",
     "kernels-cuda": "bench.kernels_cuda",

@@ -115,6 +115,9 @@ OPTIONS: dict[str, Option] = {
     "new_tokens": Option(
         ("--new-tokens",), "tokens each sequence generates", type=positive_int, metavar="N"
     ),
+    "prompt_tokens": Option(
+        ("--tokens",), "tokens of each prompt", type=positive_int, metavar="N"
+    ),
     "seed": Option(("--seed",), "seed of the generated text", type=int, default=0, metavar="N"),
     "out": Option(("--out",), "the JSON to write", type=Path, metavar="PATH"),
     "out_png": Option(("--out",), "the PNG to write", type=Path, metavar="PATH"),

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> dict:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = cli.parser("prefill-batch", __doc__)
     p.add_argument("--prompts", type=cli.positive_int, default=32, help="prompts in the step")
-    p.add_argument("--tokens", type=cli.positive_int, default=16, help="tokens of each prompt")
+    cli.add(p, "prompt_tokens", 16)
     cli.add(p, "rounds", 7)
     cli.add(p, "dtype")
     cli.add(p, "threads")

@@ -294,7 +294,7 @@ def paged_attention(
         start, length = meta.query_start_loc[i], meta.seq_lens[i]
         q = query[start : start + n]
         table = meta.block_tables[i]
-        if _f32_prefill_runs(q, k_cache):
+        if own_prefill_runs(q, k_cache):
             out[start : start + n] = f32_kernels.prefill_attention(
                 q, k_cache, v_cache, table, length, scale)
             continue
@@ -598,7 +598,7 @@ def _decode_attention(
     return o.reshape(b, -1, head_dim)
 
 
-def _f32_prefill_runs(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+def own_prefill_runs(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """fp32 queries of a prompt or chunk on a CPU where the own attention (csrc/f32/
     attention.c) has its register tile: twice torch's flash kernel at 512 tokens on a
     Zen 4 (docs/benchmarks.md). Elsewhere torch's kernels."""

@@ -65,8 +65,9 @@ def code_reads() -> dict[str, set[str]]:
     for path in files:
         text = path.read_text()
         names = set(READ.findall(text))
-        # A name kept in a module constant: kernels/cpu_features.py's ENV.
-        names |= set(re.findall(r'^ENV = "([A-Z][A-Z0-9_]*)"', text, re.M))
+        # A name kept in a module constant: kernels/cpu_features.py's ENV,
+        # kernels/quant_linear.py's PREFILL_GEMM_ENV.
+        names |= set(re.findall(r'^(?:[A-Z_]+_)?ENV = "([A-Z][A-Z0-9_]*)"', text, re.M))
         for name in names:
             found.setdefault(name, set()).add(str(path.relative_to(ROOT)))
     return found
