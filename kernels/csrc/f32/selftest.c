@@ -140,6 +140,21 @@ static void make_weight(int kind, int64_t out, int64_t in, int64_t in_pad, void 
     }
 }
 
+/* want = x w^T in double, and mag = |x| |w|^T (the scale of its rounding). */
+static void reference_matmul(const float *x, const double *w, int64_t rows, int64_t out,
+                             int64_t in, double *want, double *mag) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < out; o++) {
+            double sum = 0.0, a = 0.0;
+            for (int64_t c = 0; c < in; c++) {
+                sum += (double)x[r * in + c] * w[o * in + c];
+                a += fabs((double)x[r * in + c] * w[o * in + c]);
+            }
+            want[r * out + o] = sum;
+            mag[r * out + o] = a;
+        }
+}
+
 static void test_linear(int kind, const char *name, int64_t out, int64_t in) {
     const int64_t in_pad = (in + 63) / 64 * 64;
     double *w = calloc((size_t)(out * in), sizeof(double));
@@ -154,15 +169,9 @@ static void test_linear(int kind, const char *name, int64_t out, int64_t in) {
     for (int64_t i = 0; i < F32_MAX_BATCH * in; i++) x[i] = uniform();
     for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
         const int rows = batches[b];
+        reference_matmul(x, w, rows, out, in, want, mag);
         for (int64_t r = 0; r < rows; r++)
             for (int64_t o = 0; o < out; o++) {
-                double s = 0.0, a = 0.0;
-                for (int64_t c = 0; c < in; c++) {
-                    s += (double)x[r * in + c] * w[o * in + c];
-                    a += fabs((double)x[r * in + c] * w[o * in + c]);
-                }
-                want[r * out + o] = s;
-                mag[r * out + o] = a;
                 /* The integer dots round each group of 32 activations to int16: half a
                    step (amax / 65534) times the group's sum of |q d| (the offsets
                    multiply the activations' exact sum), 1 % over. */
@@ -216,16 +225,7 @@ static void test_gemm(int kind, const char *name, int64_t out, int64_t in, int64
     double *want = malloc((size_t)(rows * out) * sizeof(double));
     double *mag = malloc((size_t)(rows * out) * sizeof(double));
     for (int64_t i = 0; i < rows * in; i++) x[i] = uniform();
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t o = 0; o < out; o++) {
-            double sum = 0.0, a = 0.0;
-            for (int64_t c = 0; c < in; c++) {
-                sum += (double)x[r * in + c] * w[o * in + c];
-                a += fabs((double)x[r * in + c] * w[o * in + c]);
-            }
-            want[r * out + o] = sum;
-            mag[r * out + o] = a;
-        }
+    reference_matmul(x, w, rows, out, in, want, mag);
     char what[96];
     snprintf(what, sizeof what, "gemm %s %lldx%lld, %lld rows", name, (long long)out,
              (long long)in, (long long)rows);
@@ -270,78 +270,108 @@ static void to_int8_row(float *x, int64_t n, uint8_t *dst) {
     memcpy(dst + n, &s, sizeof s);
 }
 
+/* Random K/V for `blocks` blocks of 16 tokens, and the caches of `kind` (0 fp32, 1 bf16,
+   2 int8 rows with a scale) holding them: k and v become the values the caches hold. */
+struct kv {
+    float *k, *v;
+    uint16_t *k16, *v16;
+    uint8_t *k8, *v8;
+    const void *k_cache, *v_cache;
+};
+
+static struct kv make_kv(int64_t blocks, int64_t kv_heads, int64_t head_dim, int kind) {
+    const int64_t values = blocks * 16 * kv_heads * head_dim, rows = blocks * 16 * kv_heads;
+    const int64_t row_bytes = head_dim + 4;
+    struct kv c = {malloc((size_t)values * sizeof(float)), malloc((size_t)values * sizeof(float)),
+                   malloc((size_t)values * sizeof(uint16_t)),
+                   malloc((size_t)values * sizeof(uint16_t)), malloc((size_t)(rows * row_bytes)),
+                   malloc((size_t)(rows * row_bytes)), NULL, NULL};
+    for (int64_t i = 0; i < values; i++) {
+        c.k[i] = uniform(), c.v[i] = uniform();
+        if (kind == 1) c.k16[i] = to_bf16(&c.k[i]), c.v16[i] = to_bf16(&c.v[i]);
+    }
+    if (kind == 2)
+        for (int64_t r = 0; r < rows; r++) {
+            to_int8_row(c.k + r * head_dim, head_dim, c.k8 + r * row_bytes);
+            to_int8_row(c.v + r * head_dim, head_dim, c.v8 + r * row_bytes);
+        }
+    c.k_cache = kind == 2 ? (const void *)c.k8 : kind == 1 ? (const void *)c.k16 : c.k;
+    c.v_cache = kind == 2 ? (const void *)c.v8 : kind == 1 ? (const void *)c.v16 : c.v;
+    return c;
+}
+
+static void free_kv(struct kv *c) {
+    free(c->k), free(c->v), free(c->k16), free(c->v16), free(c->k8), free(c->v8);
+}
+
+static const char *kv_name(int kind) { return kind == 2 ? "int8" : kind == 1 ? "bf16" : "fp32"; }
+
+/* One token's query (heads x head_dim) over the keys start .. last read through table,
+   in double: want, and mag (the scale of its rounding, plus 1 for exp's ulps). p: a
+   buffer of last + 1 doubles. */
+static void reference_attention(const float *q, const struct kv *kv, const int64_t *table,
+                                int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t start,
+                                int64_t last, float scale, double *want, double *mag, double *p) {
+    const int64_t token = kv_heads * head_dim;
+    for (int64_t h = 0; h < heads; h++) {
+        const int64_t kvh = h / (heads / kv_heads);
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t t = start; t <= last; t++) {
+            const int64_t slot = table[t / 16] * 16 + t % 16;
+            double s = 0.0;
+            for (int64_t c = 0; c < head_dim; c++)
+                s += (double)q[h * head_dim + c] * kv->k[slot * token + kvh * head_dim + c];
+            p[t] = s * scale;
+            mx = p[t] > mx ? p[t] : mx;
+        }
+        for (int64_t t = start; t <= last; t++) sum += p[t] = exp(p[t] - mx);
+        for (int64_t i = 0; i < head_dim; i++) want[h * head_dim + i] = 0.0, mag[h * head_dim + i] = 1.0;
+        for (int64_t t = start; t <= last; t++) {
+            const int64_t slot = table[t / 16] * 16 + t % 16;
+            for (int64_t i = 0; i < head_dim; i++) {
+                const double val = kv->v[slot * token + kvh * head_dim + i];
+                want[h * head_dim + i] += p[t] / sum * val;
+                mag[h * head_dim + i] += p[t] / sum * fabs(val);
+            }
+        }
+    }
+}
+
 /* window: a sliding window's length, or 0 for the whole context; kind: caches of fp32
    (0), bf16 (1) or int8 rows with a scale (2). */
 static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t len,
                            int64_t window, int kind) {
-    const int bf16 = kind == 1;
     const int64_t start = window > 0 && len > window ? len - window : 0;
-    const int64_t block_size = 16, blocks = (len + 15) / 16 + 3, token = kv_heads * head_dim;
-    float *k = malloc((size_t)(blocks * block_size * token) * sizeof(float));
-    float *v = malloc((size_t)(blocks * block_size * token) * sizeof(float));
+    const int64_t blocks = (len + 15) / 16 + 3;
+    struct kv c = make_kv(blocks, kv_heads, head_dim, kind);
     float *q = malloc((size_t)(heads * head_dim) * sizeof(float));
     float *o = malloc((size_t)(heads * head_dim) * sizeof(float));
-    double *want = calloc((size_t)(heads * head_dim), sizeof(double));
-    double *mag = calloc((size_t)(heads * head_dim), sizeof(double));
+    double *want = malloc((size_t)(heads * head_dim) * sizeof(double));
+    double *mag = malloc((size_t)(heads * head_dim) * sizeof(double));
     double *p = malloc((size_t)len * sizeof(double));
     int64_t table[64];
-    uint16_t *k16 = malloc((size_t)(blocks * block_size * token) * sizeof(uint16_t));
-    uint16_t *v16 = malloc((size_t)(blocks * block_size * token) * sizeof(uint16_t));
-    const int64_t rows = blocks * block_size * kv_heads, row_bytes = head_dim + 4;
-    uint8_t *k8 = malloc((size_t)(rows * row_bytes)), *v8 = malloc((size_t)(rows * row_bytes));
-    for (int64_t i = 0; i < blocks * block_size * token; i++) {
-        k[i] = uniform(), v[i] = uniform();
-        if (bf16) k16[i] = to_bf16(&k[i]), v16[i] = to_bf16(&v[i]);
-    }
-    if (kind == 2)
-        for (int64_t r = 0; r < rows; r++) {
-            to_int8_row(k + r * head_dim, head_dim, k8 + r * row_bytes);
-            to_int8_row(v + r * head_dim, head_dim, v8 + r * row_bytes);
-        }
     for (int64_t i = 0; i < heads * head_dim; i++) q[i] = uniform();
     for (int64_t b = 0; b < blocks; b++) table[b] = blocks - 1 - b; /* out of order */
     const float scale = 1.0f / sqrtf((float)head_dim);
-    for (int64_t h = 0; h < heads; h++) {
-        const int64_t kvh = h / (heads / kv_heads);
-        double mx = -INFINITY, sum = 0.0;
-        for (int64_t t = start; t < len; t++) {
-            const int64_t slot = table[t / block_size] * block_size + t % block_size;
-            double s = 0.0;
-            for (int64_t c = 0; c < head_dim; c++)
-                s += (double)q[h * head_dim + c] * k[slot * token + kvh * head_dim + c];
-            p[t] = s * scale;
-            mx = p[t] > mx ? p[t] : mx;
-        }
-        for (int64_t t = start; t < len; t++) sum += p[t] = exp(p[t] - mx);
-        for (int64_t t = start; t < len; t++) {
-            const int64_t slot = table[t / block_size] * block_size + t % block_size;
-            for (int64_t c = 0; c < head_dim; c++) {
-                const double val = v[slot * token + kvh * head_dim + c];
-                want[h * head_dim + c] += p[t] / sum * val;
-                mag[h * head_dim + c] += p[t] / sum * fabs(val);
-            }
-        }
-    }
+    reference_attention(q, &c, table, heads, kv_heads, head_dim, start, len - 1, scale, want, mag,
+                        p);
     const int64_t lens[1] = {len};
-    const void *kc = kind == 2 ? (const void *)k8 : bf16 ? (const void *)k16 : k;
-    const void *vc = kind == 2 ? (const void *)v8 : bf16 ? (const void *)v16 : v;
-    const int rc = f32_paged_decode_attention(q, kc, vc, table, blocks, lens, o, 1, heads,
-                                              kv_heads, head_dim, block_size, scale, window,
-                                              kind, 2);
+    const int rc = f32_paged_decode_attention(q, c.k_cache, c.v_cache, table, blocks, lens, o, 1,
+                                              heads, kv_heads, head_dim, 16, scale, window, kind,
+                                              2);
     char what[160];
     snprintf(what, sizeof what,
              "decode attention %lld heads over %lld, dim %lld, %lld tokens, window %lld, %s KV",
              (long long)heads, (long long)kv_heads, (long long)head_dim, (long long)len,
-             (long long)window, kind == 2 ? "int8" : bf16 ? "bf16" : "fp32");
+             (long long)window, kv_name(kind));
     if (rc) {
         printf("FAIL %s: returned %d\n", what, rc);
         failed++;
     } else {
-        for (int64_t i = 0; i < heads * head_dim; i++) mag[i] += 1.0; /* exp's ulps */
         check(what, o, want, mag, heads * head_dim);
     }
-    free(k), free(v), free(k16), free(v16), free(k8), free(v8), free(q), free(o), free(want),
-        free(mag), free(p);
+    free_kv(&c);
+    free(q), free(o), free(want), free(mag), free(p);
 }
 
 /* Causal attention of the last n of len positions over caches of `kind` against a
@@ -349,85 +379,48 @@ static void test_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, in
    (a prefix-cache hit leaves what the rows compute unchanged). */
 static void test_prefill(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t n,
                          int64_t len, int kind) {
-    const int64_t block_size = 16, blocks = (len + 15) / 16 + 2, token = kv_heads * head_dim;
-    const int64_t values = blocks * block_size * token, rows = blocks * block_size * kv_heads;
-    const int64_t row_bytes = head_dim + 4, qrow = heads * head_dim;
-    float *k = malloc((size_t)values * sizeof(float)), *v = malloc((size_t)values * sizeof(float));
-    uint16_t *k16 = malloc((size_t)values * sizeof(uint16_t));
-    uint16_t *v16 = malloc((size_t)values * sizeof(uint16_t));
-    uint8_t *k8 = malloc((size_t)(rows * row_bytes)), *v8 = malloc((size_t)(rows * row_bytes));
+    const int64_t blocks = (len + 15) / 16 + 2, qrow = heads * head_dim;
+    struct kv c = make_kv(blocks, kv_heads, head_dim, kind);
     float *q = malloc((size_t)(len * qrow) * sizeof(float));
     float *o = malloc((size_t)(len * qrow) * sizeof(float));
     float *whole = malloc((size_t)(len * qrow) * sizeof(float));
-    double *want = calloc((size_t)(n * qrow), sizeof(double));
-    double *mag = calloc((size_t)(n * qrow), sizeof(double));
+    double *want = malloc((size_t)(n * qrow) * sizeof(double));
+    double *mag = malloc((size_t)(n * qrow) * sizeof(double));
     double *p = malloc((size_t)len * sizeof(double));
     int64_t table[64];
-    for (int64_t i = 0; i < values; i++) {
-        k[i] = uniform(), v[i] = uniform();
-        if (kind == 1) k16[i] = to_bf16(&k[i]), v16[i] = to_bf16(&v[i]);
-    }
-    if (kind == 2)
-        for (int64_t r = 0; r < rows; r++) {
-            to_int8_row(k + r * head_dim, head_dim, k8 + r * row_bytes);
-            to_int8_row(v + r * head_dim, head_dim, v8 + r * row_bytes);
-        }
     for (int64_t i = 0; i < len * qrow; i++) q[i] = uniform();
     for (int64_t b = 0; b < blocks; b++) table[b] = blocks - 1 - b; /* out of order */
     const float scale = 1.0f / sqrtf((float)head_dim);
     const float *mine = q + (len - n) * qrow; /* the last n queries */
     for (int64_t i = 0; i < n; i++)
-        for (int64_t h = 0; h < heads; h++) {
-            const int64_t kvh = h / (heads / kv_heads), last = len - n + i;
-            double mx = -INFINITY, sum = 0.0;
-            for (int64_t t = 0; t <= last; t++) {
-                const int64_t slot = table[t / block_size] * block_size + t % block_size;
-                double s = 0.0;
-                for (int64_t c = 0; c < head_dim; c++)
-                    s += (double)mine[i * qrow + h * head_dim + c] *
-                         k[slot * token + kvh * head_dim + c];
-                p[t] = s * scale;
-                mx = p[t] > mx ? p[t] : mx;
-            }
-            for (int64_t t = 0; t <= last; t++) sum += p[t] = exp(p[t] - mx);
-            for (int64_t t = 0; t <= last; t++) {
-                const int64_t slot = table[t / block_size] * block_size + t % block_size;
-                for (int64_t c = 0; c < head_dim; c++) {
-                    const double val = v[slot * token + kvh * head_dim + c];
-                    want[i * qrow + h * head_dim + c] += p[t] / sum * val;
-                    mag[i * qrow + h * head_dim + c] += p[t] / sum * fabs(val);
-                }
-            }
-        }
-    const void *kc = kind == 2 ? (const void *)k8 : kind == 1 ? (const void *)k16 : k;
-    const void *vc = kind == 2 ? (const void *)v8 : kind == 1 ? (const void *)v16 : v;
+        reference_attention(mine + i * qrow, &c, table, heads, kv_heads, head_dim, 0, len - n + i,
+                            scale, want + i * qrow, mag + i * qrow, p);
     char what[160];
     snprintf(what, sizeof what,
              "prefill attention %lld heads over %lld, dim %lld, last %lld of %lld tokens, %s KV",
              (long long)heads, (long long)kv_heads, (long long)head_dim, (long long)n,
-             (long long)len, kind == 2 ? "int8" : kind == 1 ? "bf16" : "fp32");
-    int rc = f32_prefill_attention(mine, qrow, kc, vc, table, blocks, n, len, o, heads, kv_heads,
-                                   head_dim, block_size, scale, kind, 2);
+             (long long)len, kv_name(kind));
+    int rc = f32_prefill_attention(mine, qrow, c.k_cache, c.v_cache, table, blocks, n, len, o,
+                                   heads, kv_heads, head_dim, 16, scale, kind, 2);
     if (rc) {
         printf("FAIL %s: returned %d\n", what, rc);
         failed++;
     } else {
-        for (int64_t i = 0; i < n * qrow; i++) mag[i] += 1.0; /* exp's ulps */
         check(what, o, want, mag, n * qrow);
-        rc = f32_prefill_attention(q, qrow, kc, vc, table, blocks, len, len, whole, heads,
-                                   kv_heads, head_dim, block_size, scale, kind, 2);
+        rc = f32_prefill_attention(q, qrow, c.k_cache, c.v_cache, table, blocks, len, len, whole,
+                                   heads, kv_heads, head_dim, 16, scale, kind, 2);
         const int same = !rc && !memcmp(o, whole + (len - n) * qrow,
                                          (size_t)(n * qrow) * sizeof(float));
         printf("%s %s: as within the whole prompt\n", same ? "ok  " : "FAIL", what);
         same ? passed++ : failed++;
     }
     table[0] = blocks; /* past the caches: refused before anything is read */
-    rc = f32_prefill_attention(mine, qrow, kc, vc, table, blocks, n, len, o, heads, kv_heads,
-                               head_dim, block_size, scale, kind, 2);
+    rc = f32_prefill_attention(mine, qrow, c.k_cache, c.v_cache, table, blocks, n, len, o, heads,
+                               kv_heads, head_dim, 16, scale, kind, 2);
     printf("%s prefill attention refuses a block past the caches\n", rc == 2 ? "ok  " : "FAIL");
     rc == 2 ? passed++ : failed++;
-    free(k), free(v), free(k16), free(v16), free(k8), free(v8), free(q), free(o), free(whole),
-        free(want), free(mag), free(p);
+    free_kv(&c);
+    free(q), free(o), free(whole), free(want), free(mag), free(p);
 }
 
 int main(void) {
