@@ -39,8 +39,9 @@ A few rows (decode) run in C, which dequantizes each weight in registers: bf16 r
 in kernels/csrc/quant_linear.c (AVX512-BF16), fp32 rows in kernels/csrc/f32/ (any
 CPU); more rows multiply a copy of the weight dequantized and packed once for oneDNN
 where the caller keeps one (a bf16 engine's layers do: inference/models/llama.Linear),
-or dequantize it a tile at a time and use F.linear; elsewhere (no compiler, CUDA)
-torch dequantizes and multiplies. Every path takes the weights in the activations' dtype:
+or, in fp32, take the own GEMM that dequantizes a panel at a time inside it
+(prefill_gemm), or dequantize the weight a tile at a time and use F.linear; elsewhere
+(no compiler, CUDA) torch dequantizes and multiplies. Every path takes the weights in the activations' dtype:
 exact with fp32 x, rounded to bf16 with bf16 x (the kernel then sums as the plain
 bf16 decode matmul does, so its result is, bit for bit, a bf16 engine's with the
 dequantized weights). So a row's result does not depend on its batch beyond the
@@ -247,8 +248,10 @@ def prefill_gemm() -> str:
 def dequant_linear(
     x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The many-row path: F.linear over the weight dequantized to x's dtype."""
-    if x.dtype == torch.float32 and x.is_cpu and qw.data.is_cpu and prefill_gemm() == "own":
+    """The many-row path: the own GEMM over the stored weight (fp32 rows, where
+    prefill_gemm takes it), else F.linear over the weight dequantized to x's dtype."""
+    if (x.dtype == torch.float32 and x.is_cpu and qw.data.is_cpu and x.numel()
+            and prefill_gemm() == "own"):
         rows = x.reshape(-1, qw.in_features).contiguous()
         y = f32_kernels.gemm(rows, qw.kind, qw.data, qw.scale, qw.in_features)
         y = y.view(*x.shape[:-1], qw.out_features)

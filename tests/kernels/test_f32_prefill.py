@@ -192,3 +192,4 @@ def test_many_fp32_rows_multiply_the_same_with_either_gemm(monkeypatch, choice):
     got = ql.quant_linear(x, qw, bias)
     assert got.shape == (2, 70, 300)
     torch.testing.assert_close(got, F.linear(x, ql.dequantize(qw), bias), rtol=1e-5, atol=1e-5)
+    assert ql.quant_linear(torch.randn(0, 576), qw).shape == (0, 300)  # an empty batch
