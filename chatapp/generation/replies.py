@@ -34,6 +34,10 @@ _stop_requested: set[int] = set()
 _running: set[int] = set()
 # Replies whose claim another generation took over: this process aborts and goes quiet.
 _superseded: set[int] = set()
+# Replies this process is writing the final record of: their row leaves the active
+# states, so a heartbeat that lands meanwhile finds nothing to touch, and must not take
+# that for a takeover (it would silence the reply's own message.done).
+_finishing: set[int] = set()
 # Each running reply's latest output (with its builder and prepared prompt), for its
 # heartbeat to persist (see _heartbeat); the columns are built only when it does.
 _progress: dict[int, tuple] = {}
@@ -238,6 +242,7 @@ async def run_reply(reply_id: int, *, lease: str = "") -> dict:
         _running.discard(reply_id)
         _stop_requested.discard(reply_id)
         _superseded.discard(reply_id)
+        _finishing.discard(reply_id)
         _progress.pop(reply_id, None)
 
 
@@ -263,6 +268,8 @@ async def _heartbeat(reply_id: int, runner: str, lease: str = "") -> None:
         latest = _progress.pop(reply_id, None)
         progress = _progress_fields(*latest) if latest is not None else None
         if not await persist(reply_id=reply_id, runner=runner, lease=lease, progress=progress):
+            if reply_id in _finishing:
+                return  # finished by this generation meanwhile, not taken over
             # Another worker took the reply over, or it was finished as interrupted (our
             # process looked dead): stop generating it, say nothing more about it.
             log.warning("Reply %s is no longer this generation's; aborting it", reply_id)
@@ -353,14 +360,17 @@ async def _run_reply(reply_id: int, lease: str, runner: str) -> dict:
     fields["prefix_cache"] = receipts.receipt(
         getattr(last, "prefix_cache", None), prepared.diverged, builder.block_size
     )
+    _finishing.add(reply_id)
     done = await database_sync_to_async(lifecycle.reply_finish_held)(
         reply_id=reply_id, lease=lease, runner=runner, **fields
     )
     if done is None:
         return {}
     final = message_dict(done)
-    await _publish_reply(group, {"type": "message.done", "message_id": reply_id,
-                                 "seq": batcher.seq + 1, "message": final})
+    # Published whatever the heartbeat concluded: the row lock let this generation write
+    # the final record, so its message.done is the reply's.
+    await publish(group, {"type": "message.done", "message_id": reply_id,
+                          "seq": batcher.seq + 1, "message": final})
     return final
 
 

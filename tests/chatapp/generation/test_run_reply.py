@@ -2,6 +2,7 @@
 channel layer (no consumer in between)."""
 
 import asyncio
+import contextlib
 
 import pytest
 from channels.db import database_sync_to_async
@@ -79,6 +80,73 @@ async def test_events_reach_the_group_in_order_with_the_final_usage(alice):
     assert [d["seq"] for d in deltas] == list(range(1, len(deltas) + 1))
     assert events[-1]["seq"] == len(deltas) + 1 and events[-1]["message"] == final
     assert "".join(d["text"] for d in deltas) == final["content"]
+    await layer.group_discard(conv.group_name, channel)
+
+
+async def test_the_done_event_survives_a_heartbeat_that_lands_on_the_final_write(alice,
+                                                                               monkeypatch):
+    """A heartbeat that runs just after the reply's own final write finds the row no
+    longer active, and may conclude so before the reply publishes: the page must still
+    get message.done (with thirty clients at once, one hung without it)."""
+    from chatapp.generation import lifecycle
+
+    finish = lifecycle.reply_finish_held
+
+    def finish_then_heartbeat(**kw):
+        done = finish(**kw)
+        generation._superseded.add(kw["reply_id"])  # what that heartbeat concluded
+        return done
+
+    monkeypatch.setattr(lifecycle, "reply_finish_held", finish_then_heartbeat)
+    conv = await database_sync_to_async(services.conversation_create)(owner=alice)
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(conv.group_name, channel)
+    _, reply = await send(conversation=conv, content="Say something nice.")
+    final = await generation.run_reply(reply.pk)
+    assert final["status"] == "done"
+    events = []
+    while not events or events[-1]["type"] != "message.done":
+        events.append((await asyncio.wait_for(layer.receive(channel), 10))["event"])
+    assert events[-1]["message"] == final
+    await layer.group_discard(conv.group_name, channel)
+
+
+async def test_a_heartbeat_that_finds_its_own_final_write_is_no_takeover(monkeypatch, settings):
+    """The heartbeat of a reply this process is finishing finds the row done: it stops
+    beating without aborting the reply or silencing its events."""
+    from chatapp.generation import lifecycle
+
+    settings.CHAT_HEARTBEAT_S = 0.01
+    monkeypatch.setattr(lifecycle, "reply_persist", lambda **kw: False)
+    stopped = []
+    monkeypatch.setattr(generation, "stop_reply", stopped.append)
+    generation._finishing.add(-1)
+    try:
+        await asyncio.wait_for(generation._heartbeat(-1, "runner"), 5)
+    finally:
+        generation._finishing.discard(-1)
+    assert -1 not in generation._superseded and not stopped
+
+
+async def test_a_final_write_refused_to_a_superseded_generation_stays_silent(alice,
+                                                                            monkeypatch):
+    """Where another generation holds the reply, this one's result is dropped and no
+    message.done of it is published."""
+    from chatapp.generation import lifecycle
+
+    monkeypatch.setattr(lifecycle, "reply_finish_held", lambda **kw: None)
+    conv = await database_sync_to_async(services.conversation_create)(owner=alice)
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(conv.group_name, channel)
+    _, reply = await send(conversation=conv, content="Say something nice.")
+    assert await generation.run_reply(reply.pk) == {}
+    events = []
+    with contextlib.suppress(asyncio.TimeoutError):
+        while True:
+            events.append((await asyncio.wait_for(layer.receive(channel), 0.5))["event"])
+    assert events and all(e["type"] != "message.done" for e in events)
     await layer.group_discard(conv.group_name, channel)
 
 
