@@ -63,12 +63,18 @@ async def test_each_turn_extends_the_last_token_for_token(alice):
     assert last.cached_tokens >= (len(prompts[1]) // 16) * 16
 
 
-async def test_events_reach_the_group_in_order_with_the_final_usage(alice):
-    conv = await database_sync_to_async(services.conversation_create)(owner=alice)
+async def listened_reply(owner):
+    """A new conversation of owner's with one pending reply, and a channel in its group."""
+    conv = await database_sync_to_async(services.conversation_create)(owner=owner)
     layer = get_channel_layer()
     channel = await layer.new_channel()
     await layer.group_add(conv.group_name, channel)
     _, reply = await send(conversation=conv, content="Say something nice.")
+    return conv, reply, layer, channel
+
+
+async def test_events_reach_the_group_in_order_with_the_final_usage(alice):
+    conv, reply, layer, channel = await listened_reply(alice)
     final = await generation.run_reply(reply.pk)
 
     events = []
@@ -98,11 +104,7 @@ async def test_the_done_event_survives_a_heartbeat_that_lands_on_the_final_write
         return done
 
     monkeypatch.setattr(lifecycle, "reply_finish_held", finish_then_heartbeat)
-    conv = await database_sync_to_async(services.conversation_create)(owner=alice)
-    layer = get_channel_layer()
-    channel = await layer.new_channel()
-    await layer.group_add(conv.group_name, channel)
-    _, reply = await send(conversation=conv, content="Say something nice.")
+    conv, reply, layer, channel = await listened_reply(alice)
     final = await generation.run_reply(reply.pk)
     assert final["status"] == "done"
     events = []
@@ -136,11 +138,7 @@ async def test_a_final_write_refused_to_a_superseded_generation_stays_silent(ali
     from chatapp.generation import lifecycle
 
     monkeypatch.setattr(lifecycle, "reply_finish_held", lambda **kw: None)
-    conv = await database_sync_to_async(services.conversation_create)(owner=alice)
-    layer = get_channel_layer()
-    channel = await layer.new_channel()
-    await layer.group_add(conv.group_name, channel)
-    _, reply = await send(conversation=conv, content="Say something nice.")
+    conv, reply, layer, channel = await listened_reply(alice)
     assert await generation.run_reply(reply.pk) == {}
     events = []
     with contextlib.suppress(asyncio.TimeoutError):
