@@ -135,16 +135,21 @@ def runs_linear(x: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, kind: str, data: torch.Tensor, scale: torch.Tensor | None,
            in_features: int) -> torch.Tensor:
     """x [rows <= MAX_ROWS, in] (fp32) times a stored weight's transpose: fp32 [rows, out]."""
-    lib = loaded()
+    return _matmul(loaded().f32_linear, MAX_ROWS, x, kind, data, scale, in_features)
+
+
+def _matmul(entry, max_rows: int | None, x: torch.Tensor, kind: str, data: torch.Tensor,
+            scale: torch.Tensor | None, in_features: int) -> torch.Tensor:
+    """x [1..max_rows (None: any), in] times the stored weight's transpose through the C
+    `entry` (f32_linear or f32_gemm, which take the same arguments)."""
     in_pad = _check_weight(kind, data, scale, in_features)
-    if not (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.shape[1] == in_features
-            and _f32_cpu(x)):
-        raise ValueError(f"expected [1..{MAX_ROWS}, {in_features}] contiguous fp32 CPU rows, "
-                         f"got {tuple(x.shape)} {x.dtype}")
+    if not (x.dim() == 2 and 0 < x.shape[0] <= (max_rows or x.shape[0])
+            and x.shape[1] == in_features and _f32_cpu(x)):
+        raise ValueError(f"expected [1..{max_rows or 'any'}, {in_features}] contiguous fp32 "
+                         f"CPU rows, got {tuple(x.shape)} {x.dtype}")
     y = x.new_empty(x.shape[0], data.shape[0])
-    rc = lib.f32_linear(KINDS[kind], x.data_ptr(), x.shape[0], in_features, in_pad,
-                        data.data_ptr(), _scale_ptr(scale), data.shape[0], y.data_ptr(),
-                        torch.get_num_threads())
+    rc = entry(KINDS[kind], x.data_ptr(), x.shape[0], in_features, in_pad, data.data_ptr(),
+               _scale_ptr(scale), data.shape[0], y.data_ptr(), torch.get_num_threads())
     if rc == 1:
         raise MemoryError("no memory for the matmul's activations")
     if rc:
@@ -152,9 +157,11 @@ def linear(x: torch.Tensor, kind: str, data: torch.Tensor, scale: torch.Tensor |
     return y
 
 
+@cache
 def tiles_fast() -> bool:
     """True where the register tile of gemm and prefill_attention is measured to beat
-    torch's kernels on this build (AVX2); they run, slower, everywhere."""
+    torch's kernels on this build (AVX2); they run, slower, everywhere. Cached: every
+    layer of a prefill asks, and the answer is the build's."""
     return available() and bool(loaded().f32_tiles_fast())
 
 
@@ -162,16 +169,7 @@ def gemm(x: torch.Tensor, kind: str, data: torch.Tensor, scale: torch.Tensor | N
          in_features: int) -> torch.Tensor:
     """x [rows, in] (fp32, any number of rows) times a stored weight's transpose, with
     the weight dequantized a panel at a time inside the GEMM: fp32 [rows, out]."""
-    lib = loaded()
-    in_pad = _check_weight(kind, data, scale, in_features)
-    if not (x.dim() == 2 and x.shape[0] > 0 and x.shape[1] == in_features and _f32_cpu(x)):
-        raise ValueError(f"expected [rows, {in_features}] contiguous fp32 CPU rows, "
-                         f"got {tuple(x.shape)} {x.dtype}")
-    y = x.new_empty(x.shape[0], data.shape[0])
-    if lib.f32_gemm(KINDS[kind], x.data_ptr(), x.shape[0], in_features, in_pad, data.data_ptr(),
-                    _scale_ptr(scale), data.shape[0], y.data_ptr(), torch.get_num_threads()):
-        raise ValueError("bad shape for the fp32 GEMM")
-    return y
+    return _matmul(loaded().f32_gemm, None, x, kind, data, scale, in_features)
 
 
 def dequantize(kind: str, data: torch.Tensor, scale: torch.Tensor | None,
