@@ -47,3 +47,17 @@ class InvalidMessages(PromptError):
         super().__init__(message)
         self.param = param
         self.code = code
+
+
+class ContextExceeded(PromptError):
+    """The newest turn alone (system segment, marker, the new message and the reply's
+    header) leaves no room for a reply, however much history is left out."""
+
+    def __init__(self, prompt_tokens: int, max_model_len: int):
+        super().__init__(
+            f"the message needs {prompt_tokens} prompt tokens even with every earlier turn "
+            f"left out, and the model's context holds {max_model_len} (prompt and reply); "
+            "shorten the message"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_model_len = max_model_len

@@ -22,11 +22,12 @@ import hashlib
 import hmac
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from chatapp.prompts.encoding import TokenEncoder, check_text
 from chatapp.prompts.errors import (
+    ContextExceeded,
     EmptyMessage,
     FormatError,
     InvalidMessages,
@@ -34,10 +35,14 @@ from chatapp.prompts.errors import (
     PromptError,
 )
 from chatapp.prompts.formats import format_for_tokenizer
+from chatapp.prompts.history import ContextLimit, HistoryCut, first_kept_turn, marker_text
 from chatapp.prompts.presets import get_preset, setting
 
 __all__ = [
+    "ContextExceeded",
+    "ContextLimit",
     "EmptyMessage",
+    "HistoryCut",
     "MessageTooLong",
     "PromptBuilder",
     "PromptError",
@@ -96,7 +101,8 @@ def prefix_hash(token_ids: Sequence[int]) -> str:
 class Segment:
     """Where one part of a prompt lies: token_ids[start:end]."""
 
-    kind: str  # "system", "history", "user", "generation_prompt"
+    kind: str  # "system", "cut" (the marker of left-out turns), "history", "user",
+    # "generation_prompt"
     start: int
     end: int
 
@@ -111,6 +117,7 @@ class PromptPlan:
     prefix_hash: str  # of token_ids[:shared_prefix_len]
     new_user_segment: tuple[int, ...]  # store these ids with the new user message
     cache_salt: str | None = None
+    cut: HistoryCut | None = None  # the oldest turns left out to fit the context
 
     @property
     def prompt_tokens(self) -> int:
@@ -217,6 +224,7 @@ class PromptBuilder:
         self.stop_token_ids: list[int] = stop if len(stop) == 1 else []
 
         self._system_ids = functools.lru_cache(maxsize=CACHE_SIZE)(self._encode_system)
+        self._markers: dict[tuple[bool, str], tuple[int, ...]] = {}
         self._origin = _LRU(CACHE_SIZE)  # tuple(system ids) -> (preset id, version)
 
     # -- segments ---------------------------------------------------------------
@@ -241,21 +249,39 @@ class PromptBuilder:
     def _encode_system(self, text: str) -> tuple[int, ...]:
         return tuple(self._pad(self.encoder.parts(*self.chat_format.opening_parts("system", text))))
 
-    def _pad(self, ids: list[int]) -> list[int]:
+    def _pad(self, ids: list[int], tail: list[int] | None = None) -> list[int]:
         """Insert filler before the system turn's closing tokens (the end of turn; Gemma's
         blank line before the first user message) so the segment fills whole blocks.
 
         The filler goes inside the system turn (trailing whitespace of the system
         text, as far as the model can tell) rather than between turns, where the
         model never saw stray tokens. It is added as ids: as text, "\\n" * k would
-        merge into other tokens.
+        merge into other tokens. `tail`: another turn's closing tokens (the marker's).
         """
         pad = -len(ids) % self.block_size
         if pad == 0:
             return ids
-        tail = self._system_tail
+        tail = self._system_tail if tail is None else tail
         at = len(ids) - len(tail) if tail and ids[-len(tail) :] == tail else len(ids)
         return ids[:at] + [self.filler_id] * pad + ids[at:]
+
+    def marker_segment(self, *, after_system: bool = True, text: str | None = None) -> list[int]:
+        """The marker that stands for left-out turns: a system turn of its own (the marker
+        template's text), padded to whole blocks, so that after a block-aligned system
+        segment the kept turns start on a block boundary. `after_system`: it follows the
+        system segment (Gemma's open turn is closed first); else it opens the prompt."""
+        text = marker_text() if text is None else text
+        key = (after_system, text)
+        if key not in self._markers:
+            fmt = self.chat_format
+            if after_system:
+                parts = fmt.turn_parts("system", text)
+                ids = list(self._system_close) + self.encoder.parts(*parts)
+            else:
+                parts = fmt.opening_parts("system", text)
+                ids = self.encoder.parts(*parts)
+            self._markers[key] = tuple(self._pad(ids, self.encoder.trusted(parts[2])))
+        return list(self._markers[key])
 
     def user_segment(
         self, text: str, *, opening: bool = False, after_system: bool = False
@@ -323,13 +349,19 @@ class PromptBuilder:
         preset_id: str | None = None,
         preset_version: str | None = None,
         cache_salt: str | None = None,
+        limit: ContextLimit | None = None,
+        turn_starts: Sequence[bool] | None = None,
     ) -> PromptPlan:
         """The prompt for the reply to `new_user_text`.
 
         `system_ids` comes from system_segment(); `history_segments` are the stored
-        segments of the earlier messages, oldest first. The whole history is kept (never
-        shortened): whether it fits the context is the engine's rule, checked against the
-        engine that runs it (inference.sampling_params.check_context_length).
+        segments of the earlier messages, oldest first. Without a `limit` the whole
+        history is kept (whether it fits is the engine's rule, checked against the engine
+        that runs it: inference.sampling_params.check_context_length). With one, the
+        oldest whole turns are left out as chatapp.prompts.history says; `turn_starts`
+        marks the history segments that begin a turn (default: every other one, user
+        messages and their replies alternating). ContextExceeded when the new turn
+        alone leaves no room for a reply.
         """
         system = self._check_ids(system_ids, "system segment")
         history = [
@@ -345,7 +377,14 @@ class PromptBuilder:
         pieces = [("system", system)] + [("history", seg) for seg in history]
         pieces += [("user", user), ("generation_prompt", self._generation_prompt)]
         preset = (preset_id, preset_version)
-        return self._plan(pieces, preset, cache_salt)
+        if limit is None:
+            return self._plan(pieces, None, preset, cache_salt)
+        if turn_starts is None:
+            turn_starts = [i % 2 == 0 for i in range(len(history))]
+        elif len(turn_starts) != len(history):
+            raise PromptError("turn_starts needs one entry per history segment")
+        starts = [False, *turn_starts, True, False]
+        return self._plan(*self._cut(pieces, starts, limit), preset, cache_salt)
 
     def build_from_turns(
         self,
@@ -354,9 +393,16 @@ class PromptBuilder:
         assistant_ids_lookup: Callable[[str], Sequence[int] | None] | None = None,
         add_generation_prompt: bool = True,
         cache_salt: str | None = None,
+        limit: ContextLimit | None = None,
+        turn_starts: Collection[int] | None = None,
     ) -> PromptPlan:
         """A prompt from the (role, text) turns of a stateless request: roles system, user or
         assistant, shapes checked by the caller (the /v1 parser, with content_text).
+
+        With a `limit`, the oldest whole turns are left out as build() does;
+        `turn_starts` are the indices of `turns` that begin a turn (default: the user
+        messages; /v1 names its users' messages, so tool results, written as user turns
+        by some formats, stay with the calls they answer).
 
         A leading system message becomes a block-aligned segment exactly as a preset
         would, so API clients sending the same system text share its blocks. Each
@@ -367,12 +413,17 @@ class PromptBuilder:
         msgs = list(turns)
         if not msgs:
             raise InvalidMessages("messages must not be empty")
+        if turn_starts is None:
+            turn_starts = {i for i, (role, _) in enumerate(msgs) if role == "user"}
+        starts = [i in turn_starts for i in range(len(msgs))]
         for i, (_, text) in enumerate(msgs):
             check_text(text, f"messages[{i}].content")  # before any lookup hashes the text
         pieces: list[tuple[str, Sequence[int]]] = []
         if msgs[0][0] == "system":
             pieces.append(("system", self.system_segment_for_text(msgs[0][1])))
             msgs = msgs[1:]
+        else:
+            starts.insert(0, False)  # stands for the system piece there is not
         for i, (role, text) in enumerate(msgs):
             opening = not pieces
             after_system = bool(pieces) and i == 0
@@ -388,7 +439,47 @@ class PromptBuilder:
         if add_generation_prompt:
             close = self._system_close if pieces and pieces[-1][0] == "system" else []
             pieces.append(("generation_prompt", close + self._generation_prompt))
-        return self._plan(pieces, (None, None), cache_salt)
+        if limit is None:
+            return self._plan(pieces, None, (None, None), cache_salt)
+        if pieces[0][0] != "system":
+            pieces.insert(0, ("system", []))
+        starts += [False] * (len(pieces) - len(starts))
+        return self._plan(*self._cut(pieces, starts, limit), (None, None), cache_salt)
+
+    def _cut(self, pieces: list[tuple[str, Sequence[int]]], starts: list[bool],
+             limit: ContextLimit) -> tuple[list[tuple[str, Sequence[int]]], HistoryCut | None]:
+        """`pieces` ("system" first, possibly empty; the reply header last, if any) with the
+        oldest whole turns left out behind the marker, as chatapp.prompts.history rules.
+        `starts[i]`: piece i begins a turn."""
+        system = pieces[0][1]
+        header = list(pieces[-1][1]) if pieces[-1][0] == "generation_prompt" else []
+        end = len(pieces) - 1 if header else len(pieces)
+        groups: list[list[int]] = []  # piece indices of each turn, oldest first
+        for i in range(1, end):
+            if not groups or (starts[i] and groups[-1]):
+                groups.append([])
+            groups[-1].append(i)
+
+        def length(group: list[int]) -> int:
+            return sum(len(pieces[i][1]) for i in group)
+
+        marker = self.marker_segment(after_system=bool(system))
+        fixed = len(system) + len(header)
+        heads = [len(pieces[g[0]][1]) for g in groups[:-1]] + [length(groups[-1]) if groups else 0]
+        first, previous = first_kept_turn([length(g) for g in groups[:-1]], heads, fixed=fixed,
+                                          marker=len(marker), limit=limit)
+        if first == 0:
+            kept, cut = pieces, None
+        else:
+            left_out = [i for g in groups[:first] for i in g]
+            cut = HistoryCut(turns=first, messages=len(left_out),
+                             tokens=sum(len(pieces[i][1]) for i in left_out),
+                             marker_tokens=len(marker), new=first != previous)
+            kept = [pieces[0], ("cut", marker), *pieces[groups[first][0]:]]
+        total = sum(len(seg) for _, seg in kept)
+        if total >= limit.max_model_len:
+            raise ContextExceeded(total, limit.max_model_len)
+        return kept, cut
 
     def _assistant_from_api(self, text: str, lookup, opening: bool) -> list[int]:
         if lookup is not None:
@@ -404,8 +495,9 @@ class PromptBuilder:
     def _plan(
         self,
         pieces: list[tuple[str, Sequence[int]]],
-        preset: tuple[str | None, str | None],
-        cache_salt: str | None,
+        cut: HistoryCut | None = None,
+        preset: tuple[str | None, str | None] = (None, None),
+        cache_salt: str | None = None,
     ) -> PromptPlan:
         """The plan of `pieces`, (kind, ids) in order, with "system" and "user" at most once."""
         ids: list[int] = []
@@ -425,6 +517,7 @@ class PromptBuilder:
             prefix_hash=prefix_hash(ids[:shared]),
             new_user_segment=tuple(by_kind.get("user", ())),
             cache_salt=cache_salt,
+            cut=cut,
         )
 
 
