@@ -6,6 +6,10 @@ prompt must extend the last, and (shipped presets) a check that its version is f
 A chat format gets the static checks and the double render, and must not rewrite
 history: turn N+1's prompt extends turn N's prompt and reply, and rendering message by
 message (what the prompt builder does) equals rendering the whole conversation.
+A marker (the segment standing for turns left out of a long conversation) gets the
+static checks and the double render, takes no variables, pads to whole blocks after a
+block-aligned system segment in every chat format, and a long conversation replayed
+against a small context keeps extending its prompt between cuts.
 Every problem names the template and, for divergences, the first token that differs.
 """
 
@@ -22,7 +26,8 @@ from chatapp.prompts import tools
 from chatapp.prompts.compare import describe_divergence, first_divergence
 from chatapp.prompts.encoding import TokenEncoder
 from chatapp.prompts.errors import FormatError, PromptError
-from chatapp.prompts.formats import ChatFormat, formats_dir
+from chatapp.prompts.formats import ChatFormat, formats_dir, list_formats
+from chatapp.prompts.history import ContextLimit, marker_path, marker_text
 from chatapp.prompts.presets import is_frozen, parse_preset, presets_dir, read_variables
 from chatapp.prompts.services import PromptBuilder
 from chatapp.prompts.templating import (
@@ -450,12 +455,89 @@ def _check_format_tokens(fmt: ChatFormat, tokenizer, result: LintResult) -> None
                             "from stored ids, every prompt extending the previous one")
 
 
+# -- the history marker ------------------------------------------------------------------------
+
+
+def _replay_cuts(builder: PromptBuilder, system_ids: list[int], marker: list[int],
+                 turns: int = 24) -> tuple[str | None, int]:
+    """A conversation of `turns` turns against a context it outgrows; (what went wrong or
+    None, how many cuts). Between cuts each prompt must extend the previous prompt and
+    reply; after a cut it must start with the system segment and the marker."""
+    enc = builder.encoder
+    limit = ContextLimit(max_model_len=len(system_ids) + len(marker) + 320, reply_tokens=32)
+    history: list[list[int]] = []
+    previous: tuple[int, ...] = ()
+    cuts = 0
+    header = len(builder.generation_prompt())
+    for turn in range(turns):
+        user = REPLAY_USERS[turn % len(REPLAY_USERS)]
+        plan = builder.build(system_ids, history, user, limit=limit)
+        ids = plan.token_ids
+        if plan.cut is not None and plan.cut.new:
+            cuts += 1
+            if ids[: len(system_ids) + len(marker)] != tuple(system_ids + marker):
+                return f"turn {turn + 1}: the cut prompt does not start with system + marker", cuts
+        elif previous and ids[: len(previous)] != previous:
+            return (f"turn {turn + 1}'s prompt does not extend turn {turn}'s: "
+                    + describe_divergence(builder.tokenizer, previous, ids)), cuts
+        reply = builder.assistant_segment(enc.untrusted(REPLAY_REPLIES[turn % len(REPLAY_REPLIES)]),
+                                          True)
+        history += [list(plan.new_user_segment), reply]
+        previous = tuple(ids[:-header]) + tuple(reply)
+    return None, cuts
+
+
+def lint_marker(path: Path, source: str, *, tokenizer) -> LintResult:
+    result = LintResult(path=path, kind="marker", name=path.stem)
+    result.problems += static_problems(source, "preset")
+    fm = parse_front_matter(source)
+    if fm.error:
+        result.add("front-matter", fm.error)
+    if result.problems:
+        return result
+    try:
+        texts = [text.strip() for text in _two_renders(source, "preset", lambda run: {})]
+        text = marker_text(source)
+    except Exception as exc:  # whatever it is, it is the template's fault
+        result.add("render", f"fails in the production sandbox: {describe_jinja_error(exc)}")
+        return result
+    # In every format (one this tokenizer lacks the tokens of is checked with them as
+    # text): the marker pads to whole blocks after the system segment and a long
+    # conversation is cut cleanly.
+    for fmt in list_formats():
+        try:
+            builder = PromptBuilder(tokenizer, block_size=16, chat_format=fmt)
+            runs = [builder.marker_segment(text=t) for t in texts]
+            if runs[0] != runs[1]:
+                result.add("unstable", "two renders under different clocks, random values and "
+                           "request ids give different tokens: "
+                           + describe_divergence(tokenizer, *runs, labels=("run 1", "run 2")))
+                return result
+            system_ids = builder.system_segment_for_text("You are a helpful assistant.")
+            marker = builder.marker_segment(text=text)
+            if (len(system_ids) + len(marker)) % builder.block_size:
+                result.add("alignment", f"format {fmt.name}: system segment and marker "
+                           f"({len(system_ids)} + {len(marker)} tokens) do not end on a block")
+                continue
+            failure, cuts = _replay_cuts(builder, system_ids, marker)
+        except PromptError as exc:
+            result.add("history", f"format {fmt.name}: {exc}")
+            continue
+        if failure or not cuts:
+            result.add("history", f"format {fmt.name}: {failure or 'the replay never cut'}")
+        else:
+            result.notes.append(f"format {fmt.name}: a {len(marker)}-token marker; a 24-turn "
+                                f"replay cut {cuts} times, extending its prompt between cuts")
+    return result
+
+
 # -- entry points ----------------------------------------------------------------------------
 
 
 def default_paths() -> list[Path]:
-    """Every shipped preset and chat format."""
-    return [*sorted(presets_dir().glob("*.jinja")), *sorted(formats_dir().glob("*.jinja"))]
+    """Every shipped preset, chat format and the history marker."""
+    return [*sorted(presets_dir().glob("*.jinja")), *sorted(formats_dir().glob("*.jinja")),
+            marker_path()]
 
 
 def _expand(paths: Iterable[Path | str]) -> list[Path]:
@@ -469,7 +551,7 @@ def _kind(path: Path, source: str) -> str | None:
     fm = parse_front_matter(source)
     if fm.kind:
         return fm.kind
-    if path.parent.name in ("presets", "formats"):
+    if path.parent.name in ("presets", "formats", "markers"):
         return path.parent.name[:-1]
     return None
 
@@ -485,10 +567,12 @@ def lint_file(path: Path | str, *, tokenizer) -> LintResult:
         return lint_preset(path, source, tokenizer=tokenizer)
     if kind == "format":
         return lint_format(path, source, tokenizer=tokenizer)
+    if kind == "marker":
+        return lint_marker(path, source, tokenizer=tokenizer)
     problem = Problem(
         "front-matter",
-        "neither a preset nor a chat format: begin the file with "
-        "'{#- preset ... -#}' or '{#- format ... -#}'",
+        "neither a preset, a chat format nor a marker: begin the file with "
+        "'{#- preset ... -#}', '{#- format ... -#}' or '{#- marker ... -#}'",
     )
     return LintResult(path, "unknown", path.stem, [problem])
 
@@ -504,6 +588,7 @@ __all__ = [
     "default_paths",
     "lint_file",
     "lint_format",
+    "lint_marker",
     "lint_paths",
     "lint_preset",
 ]
