@@ -175,6 +175,11 @@ LLM_PRELOAD = env_bool("LLM_PRELOAD", True)
 CHAT_MAX_NEW_TOKENS = int(os.environ.get("CHAT_MAX_NEW_TOKENS", "512"))
 CHAT_TEMPERATURE = float(os.environ.get("CHAT_TEMPERATURE", "0.7"))
 CHAT_TOP_P = float(os.environ.get("CHAT_TOP_P", "0.9"))
+# History longer than the context: the oldest whole turns are left out, in one step down
+# to this share of the context (chatapp.prompts.history). CHAT_CONTEXT_TOKENS (0: the
+# model's context) keeps a chat's prompt and reply within fewer tokens than the model has.
+CHAT_HISTORY_TARGET = float(os.environ.get("CHAT_HISTORY_TARGET", "0.5"))
+CHAT_CONTEXT_TOKENS = int(os.environ.get("CHAT_CONTEXT_TOKENS", "0"))
 # A streamed reply goes out in batches of this many tokens (or after CHAT_STREAM_FLUSH_S).
 CHAT_STREAM_BATCH_TOKENS = int(os.environ.get("CHAT_STREAM_BATCH_TOKENS", "4"))
 CHAT_STREAM_FLUSH_S = float(os.environ.get("CHAT_STREAM_FLUSH_S", "0.1"))

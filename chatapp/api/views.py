@@ -44,7 +44,7 @@ from chatapp.api.serializers import (
 from chatapp.chat import selectors as chat_selectors
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Message
-from chatapp.generation import orphans, replies
+from chatapp.generation import orphans, prompting, replies
 from chatapp.prompts import catalog
 
 E = ErrorSerializer
@@ -136,7 +136,9 @@ class MessageListView(APIView):
                 description="With `stream: true`: events message.created, message.started, "
                 "message.delta (numbered text batches) and message.done (the final message).",
             ),
-            400: E,
+            400: OpenApiResponse(E, description="Invalid input; code "
+                                 "`context_length_exceeded`: the message alone leaves no room "
+                                 "for a reply in the model's context (nothing is stored)."),
             409: OpenApiResponse(E, description="A reply is still being generated."),
             503: OpenApiResponse(
                 E, description="The reply could not be queued for a worker (the turn is "
@@ -151,6 +153,9 @@ class MessageListView(APIView):
         body = MessageCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         def send():
+            # Refused before anything is stored: a 400 naming the numbers.
+            prompting.check_new_message(conversation=conversation,
+                                        content=body.validated_data["content"])
             user_msg, reply = chat_services.message_send(
                 conversation=conversation,
                 content=body.validated_data["content"],

@@ -1,21 +1,50 @@
 """A chat reply's prompt, from the conversation's stored segments (chatapp.prompts).
 
-The prompt holds no limit of its own: how many tokens the reply may take, and
-whether the prompt fits at all, is decided against the engine that runs it
-(chatapp.generation.jobs and the engine's add_request).
+History longer than the context is cut by the prompt manager (chatapp.prompts.history)
+against the context of the engine that runs the reply, less CHAT_CONTEXT_TOKENS where
+that is set; how many tokens the reply may take is still decided against that engine
+(chatapp.generation.jobs and the engine's add_request). A message that alone leaves no
+room for a reply is refused before it is stored (check_new_message).
 """
 
 from __future__ import annotations
 
 import logging
 
+from django.conf import settings
+
 from chatapp.chat import selectors
-from chatapp.chat.errors import sentence
-from chatapp.prompts.errors import PromptError
+from chatapp.chat.errors import InvalidInput, sentence
+from chatapp.chat.models import Message
+from chatapp.generation import embedded
+from chatapp.prompts.errors import ContextExceeded, PromptError
+from chatapp.prompts.history import ContextLimit, history_target
 from chatapp.prompts.profile import record_prompt
 from chatapp.prompts.services import PromptBuilder, PromptPlan, builder_for, cache_salt_for
 
 log = logging.getLogger(__name__)
+
+
+def context_tokens(model: str = "", *, chat: bool = True) -> int:
+    """The context a prompt and its reply share on `model`: the loaded engine's (else the
+    configured one, an upper bound until it loads), for a chat capped by
+    CHAT_CONTEXT_TOKENS."""
+    engine = embedded.loaded_engine(model)
+    if engine is not None:
+        tokens = int(engine.max_model_len)
+    else:
+        tokens = int(embedded.engine_config(model or None).max_model_len)
+    cap = settings.CHAT_CONTEXT_TOKENS if chat else 0
+    return min(tokens, cap) if cap else tokens
+
+
+def context_limit(model: str = "", reply_tokens: int | None = None) -> ContextLimit:
+    """What a chat prompt must fit: the context, the reply's budget (CHAT_MAX_NEW_TOKENS,
+    at most half the context) and CHAT_HISTORY_TARGET."""
+    tokens = context_tokens(model)
+    if reply_tokens is None:
+        reply_tokens = settings.CHAT_MAX_NEW_TOKENS
+    return ContextLimit(tokens, min(int(reply_tokens), tokens // 2), history_target())
 
 
 class PromptFailure(Exception):
@@ -33,16 +62,8 @@ def build_reply_prompt(*, tokenizer, conversation, history: list) -> PromptPlan:
     `history` is the branch from the root to the user message; every earlier message
     contributes exactly its stored token ids, so this prompt extends the last one.
     """
-    builder = builder_for(tokenizer)
     try:
-        plan = builder.build(
-            _system_ids(builder, conversation),
-            [list(m.token_ids) for m in history[:-1]],
-            history[-1].content,
-            preset_id=conversation.preset_id,
-            preset_version=conversation.preset_version or None,
-            cache_salt=cache_salt_for(conversation.owner),
-        )
+        plan = _build(builder_for(tokenizer), conversation, history)
     except PromptError as exc:
         raise PromptFailure(sentence(str(exc), "The prompt failed.")) from exc
     try:
@@ -52,15 +73,70 @@ def build_reply_prompt(*, tokenizer, conversation, history: list) -> PromptPlan:
     return plan
 
 
-def conversation_prompt_ids(*, tokenizer, conversation) -> list[int]:
-    """The ids the conversation's next turn starts with: its system segment, then the
-    stored segments of its current branch up to the first message without ids."""
+def _build(builder: PromptBuilder, conversation, history: list) -> PromptPlan:
+    """The plan for a reply to history[-1], its oldest turns left out where the history
+    no longer fits the context (a turn begins at each user message)."""
+    earlier = history[:-1]
+    return builder.build(
+        _system_ids(builder, conversation),
+        [list(m.token_ids) for m in earlier],
+        history[-1].content,
+        preset_id=conversation.preset_id,
+        preset_version=conversation.preset_version or None,
+        cache_salt=cache_salt_for(conversation.owner),
+        limit=context_limit(conversation.model),
+        turn_starts=[m.role == Message.Role.USER for m in earlier],
+    )
+
+
+def check_new_message(*, conversation, content: object) -> None:
+    """InvalidInput (code context_length_exceeded) when `content`, as the conversation's
+    next message, would leave no room for a reply even with every earlier turn left out:
+    refused before anything is stored, naming the numbers. Anything else wrong with the
+    text is left to chatapp.chat.services, which says so in its own words."""
+    if not isinstance(content, str) or not content.strip():
+        return
     try:
-        ids = _system_ids(builder_for(tokenizer), conversation)
+        builder = builder_for(embedded.get_tokenizer(conversation.model))
+        system = _system_ids(builder, conversation)
+        has_history = Message.objects.filter(conversation=conversation).exists()
+        user = builder.user_segment(content, opening=not system and not has_history,
+                                    after_system=bool(system) and not has_history)
+    except PromptError:
+        return
+    marker = builder.marker_segment(after_system=bool(system)) if has_history else []
+    limit = context_limit(conversation.model)
+    need = len(system) + len(marker) + len(user) + len(builder.generation_prompt())
+    if need >= limit.max_model_len:
+        raise InvalidInput(sentence(str(ContextExceeded(need, limit.max_model_len))),
+                           code="context_length_exceeded")
+
+
+def conversation_prompt_ids(*, tokenizer, conversation) -> list[int]:
+    """The ids the conversation's next turn starts with: its system segment, the marker
+    and kept turns where its history was cut, then the stored segments of its current
+    branch up to the first message without ids."""
+    builder = builder_for(tokenizer)
+    try:
+        ids = _system_ids(builder, conversation)
     except PromptError:
         return []
+    branch = []
     for message in selectors.current_branch(conversation=conversation):
         if not message.token_ids:
             break
+        branch.append(message)
+    # The last turn's prompt says which turns the next one starts from.
+    last_user = max((i for i, m in enumerate(branch) if m.role == Message.Role.USER), default=None)
+    if last_user is not None:
+        try:
+            plan = _build(builder, conversation, branch[: last_user + 1])
+        except PromptError:
+            plan = None
+        if plan is not None and plan.cut is not None:
+            header = len(builder.generation_prompt())
+            ids = list(plan.token_ids[:-header])
+            branch = branch[last_user + 1:]
+    for message in branch:
         ids.extend(message.token_ids)
     return ids

@@ -6,25 +6,38 @@ edit, a regenerated earlier turn) "diverged" where they differ.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chatapp.chat import selectors
 from chatapp.chat.models import Message
 
-SEGMENTS = {"system": "system prompt", "history": "earlier message", "user": "new message",
-            "generation_prompt": "reply header"}
+SEGMENTS = {"system": "system prompt", "cut": "history cut", "history": "earlier message",
+            "user": "new message", "generation_prompt": "reply header"}
 
 
 @dataclass(frozen=True)
 class Divergence:
-    index: int  # the first prompt token that differs from the previous turn's
+    """Where a prompt first differs from the previous turn's (index None: nowhere) and,
+    when its oldest turns were left out, what was (history_cut())."""
+
+    index: int | None  # the first prompt token that differs from the previous turn's
     message_id: int | None  # the message whose segment holds it (None: the system prompt)
-    segment: str
+    segment: str | None
+    cut: dict | None = None
 
 
 def divergence(*, reply: Message, plan, path: list[Message]) -> Divergence | None:
     """Where this reply's prompt (`plan`, built from `path`: root .. the user message)
-    first differs from the ids the conversation's previous reply left in the cache."""
+    first differs from the ids the conversation's previous reply left in the cache, with
+    the history cut it made; None when it extends them and cut nothing."""
+    cut = history_cut(plan=plan, path=path)
+    found = _first_difference(reply, plan, path)
+    if found is None:
+        return None if cut is None else Divergence(None, None, None, cut)
+    return replace(found, cut=cut)
+
+
+def _first_difference(reply: Message, plan, path: list[Message]) -> Divergence | None:
     finished = Message.objects.filter(
         conversation_id=reply.conversation_id, role=Message.Role.ASSISTANT, pk__lt=reply.pk,
         prompt_tokens__isnull=False,
@@ -34,21 +47,41 @@ def divergence(*, reply: Message, plan, path: list[Message]) -> Divergence | Non
     if previous is None:
         return None
     system = next((seg for seg in plan.segments if seg.kind == "system"), None)
+    marker = next((seg for seg in plan.segments if seg.kind == "cut"), None)
     before = list(plan.token_ids[: system.end]) if system is not None else []
-    for message in selectors.message_path(message=previous):
+    previous_path = selectors.message_path(message=previous)
+    if marker is not None and not plan.cut.new:
+        # The previous turn kept the same turns behind the same marker.
+        before = list(plan.token_ids[: marker.end])
+        previous_path = previous_path[plan.cut.messages:]
+    for message in previous_path:
         before.extend(message.token_ids)
     pairs = zip(plan.token_ids, before, strict=False)
     at = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
     if at is None:
         return None
-    # History segments follow the path's messages in order; the new message is last.
-    owners = iter(path)
+    if marker is not None and plan.cut.new and at >= marker.start:
+        return Divergence(at, None, SEGMENTS["cut"])  # this turn moved the cut
+    # History segments follow the path's messages in order, after those a cut left out;
+    # the new message is last.
+    owners = iter(path[plan.cut.messages:] if plan.cut is not None else path)
     for seg in plan.segments:
         owner = next(owners) if seg.kind in ("history", "user") else None
         if seg.start <= at < seg.end:
             return Divergence(at, owner.pk if owner is not None else None,
                               SEGMENTS.get(seg.kind, seg.kind))
     return Divergence(at, None, "prompt")
+
+
+def history_cut(*, plan, path: list[Message]) -> dict | None:
+    """What the receipt says of a prompt whose oldest turns were left out (`plan` built
+    from `path`): how many turns, messages and tokens, whether this turn made the cut
+    (its one miss), and the first message the model still sees (the page's divider)."""
+    cut = plan.cut
+    if cut is None:
+        return None
+    return {"turns": cut.turns, "messages": cut.messages, "tokens": cut.tokens,
+            "new": cut.new, "first_message_id": path[cut.messages].pk}
 
 
 def shown_reason(reason: str, matched_tokens: int) -> str:
@@ -58,14 +91,18 @@ def shown_reason(reason: str, matched_tokens: int) -> str:
 
 
 def receipt(record, diverged: Divergence | None, block_size: int) -> dict | None:
-    """The receipt stored with a reply, from the engine's record (None: not admitted)."""
+    """The receipt stored with a reply, from the engine's record (None: not admitted), and
+    the turns its prompt left out, if any."""
     if record is None:
         return None
     out = {"reason": record.reason, "matched_tokens": record.matched_tokens,
            "tier_tokens": record.tier_tokens, "evicted_from": record.evicted_from}
+    if diverged is not None and diverged.cut is not None:
+        out["history_cut"] = diverged.cut
     if record.reason == "full":
         return out
-    if diverged is not None and record.matched_tokens >= diverged.index // block_size * block_size:
+    if (diverged is not None and diverged.index is not None
+            and record.matched_tokens >= diverged.index // block_size * block_size):
         out.update(reason="diverged", evicted_from=None, diverged_at=diverged.index,
                    diverged_message_id=diverged.message_id, diverged_segment=diverged.segment)
     else:

@@ -26,7 +26,10 @@ Server -> client:
   {"type": "error", "code", "message", "request_type"}  the socket stays open; code
                                                          "generation_unavailable": a reply
                                                          for a worker could not be queued
-                                                         (the message is kept; regenerate)
+                                                         (the message is kept; regenerate);
+                                                         "context_length_exceeded": the
+                                                         message alone leaves no room for a
+                                                         reply (nothing is stored)
   {"type": "pong"}
 
 Close codes: 4401 not logged in; 4404 no such conversation for this user (another
@@ -48,7 +51,7 @@ from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, InvalidInput, NotFound
 from chatapp.chat.payloads import conversation_dict, message_dict
 from chatapp.echo import ECHO_MAX_CHARS, quoted
-from chatapp.generation import orphans, replies
+from chatapp.generation import orphans, prompting, replies
 from chatapp.generation.events import publish
 
 log = logging.getLogger(__name__)
@@ -146,6 +149,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             )
 
     async def on_send(self, data: dict) -> None:
+        await self.check_fits(data)
         user_msg, reply = await database_sync_to_async(services.message_send)(
             conversation=self.conversation,
             content=data.get("content"),
@@ -154,6 +158,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.announce(user_msg, reply)
 
     async def on_edit(self, data: dict) -> None:
+        await self.check_fits(data)
         user_msg, reply = await database_sync_to_async(services.message_edit)(
             conversation=self.conversation,
             message_id=self.required_id(data),
@@ -231,6 +236,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if task is not None:
             self.tasks[reply.pk] = task
             task.add_done_callback(lambda _t, pk=reply.pk: self.tasks.pop(pk, None))
+
+    async def check_fits(self, data: dict) -> None:
+        """A message too long for the context is refused before anything is stored."""
+        await database_sync_to_async(prompting.check_new_message)(
+            conversation=self.conversation, content=data.get("content"))
 
     async def conversation_still_exists(self) -> bool:
         try:

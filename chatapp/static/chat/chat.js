@@ -198,7 +198,31 @@
       text += ")";
     }
     if (r.tier_tokens) text += ", " + r.tier_tokens + " restored";
+    const cut = r.history_cut;
+    if (cut && cut.new) {
+      text += " · history cut at turn " + cut.turns + ": " + cut.tokens.toLocaleString("en") +
+        " tokens left out";
+    }
     return text;
+  }
+
+  // The first message the model still sees on this path: the latest reply that left
+  // out earlier turns names it.
+  function firstSeenId(path) {
+    for (let i = path.length - 1; i >= 0; i--) {
+      const u = path[i].usage;
+      const cut = u && u.prefix_cache && u.prefix_cache.history_cut;
+      if (cut) return cut.first_message_id;
+    }
+    return null;
+  }
+
+  function cutDivider() {
+    const el = document.createElement("div");
+    el.className = "history-cut";
+    el.setAttribute("role", "separator");
+    el.textContent = "The assistant no longer sees the messages above";
+    return el;
   }
 
   function button(label, cls, onClick) {
@@ -358,7 +382,12 @@
 
   function render() {
     const atBottom = $messages.scrollHeight - $messages.scrollTop - $messages.clientHeight < 80;
-    $messages.replaceChildren.apply($messages, visiblePath().map(messageElement));
+    const path = visiblePath();
+    const seen = firstSeenId(path);
+    $messages.replaceChildren.apply($messages, path.flatMap(function (msg) {
+      const el = messageElement(msg);
+      return msg.id === seen ? [cutDivider(), el] : [el];
+    }));
     if (!$messages.children.length) {
       const empty = document.createElement("p");
       empty.className = "empty-chat";

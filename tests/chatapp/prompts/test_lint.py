@@ -23,13 +23,33 @@ REPO = Path(__file__).resolve().parents[3]
 def test_shipped_templates_pass(tokenizer):
     results = lint.lint_paths(tokenizer=tokenizer)
     kinds = {r.kind for r in results}
-    assert kinds == {"preset", "format"}
-    assert len(results) >= 5
+    assert kinds == {"preset", "format", "marker"}
+    assert len(results) >= 6
     for result in results:
         assert result.ok, result.render_text()
     support = next(r for r in results if r.name.startswith("support@"))
     assert any("blocks of 16" in note for note in support.notes)
     assert any("every prompt extends the previous one" in note for note in support.notes)
+
+
+def test_the_history_marker_is_linted_in_every_format(tokenizer):
+    (marker,) = [r for r in lint.lint_paths(tokenizer=tokenizer) if r.kind == "marker"]
+    assert marker.ok, marker.render_text()
+    assert sum("extending its prompt between cuts" in note for note in marker.notes) == 4
+
+
+def test_a_marker_that_reads_the_clock_or_a_variable_fails(tokenizer, tmp_path):
+    head = '{#- marker\ntitle = "t"\n-#}\n'
+    clock = tmp_path / "markers" / "clock.jinja"
+    clock.parent.mkdir()
+    clock.write_text(head + "Turns before {{ now() }} were left out.\n")
+    result = lint.lint_file(clock, tokenizer=tokenizer)
+    assert not result.ok and result.kind == "marker"
+    assert any(p.code == "clock" for p in result.problems), result.render_text()
+    variable = tmp_path / "markers" / "variable.jinja"
+    variable.write_text(head + "{{ user_name }}'s earlier turns were left out.\n")
+    result = lint.lint_file(variable, tokenizer=tokenizer)
+    assert any(p.code == "unknown-variable" for p in result.problems), result.render_text()
 
 
 def test_lint_command_passes_on_shipped_templates(command_tokenizer, capsys):
