@@ -25,11 +25,12 @@ from chatapp.api.v1.parsing import CompletionRequest
 from chatapp.api.v1.tool_params import calls_key
 from chatapp.chat.errors import sentence
 from chatapp.echo import quoted
-from chatapp.generation import dispatch, receipts, remote, router, served_models
+from chatapp.generation import dispatch, prompting, receipts, remote, router, served_models
 from chatapp.generation.embedded import aget_tokenizer
 from chatapp.generation.jobs import Generation, Job, Options, run_here, stop_token_ids
 from chatapp.prompts import tools as tools_convention
-from chatapp.prompts.errors import PromptError
+from chatapp.prompts.errors import ContextExceeded, PromptError
+from chatapp.prompts.history import ContextLimit, HistoryCut, history_target
 from chatapp.prompts.services import builder_for, cache_salt_for
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ class Prepared:
     forced_ids: list[int] = field(default_factory=list)
     # How the chat format writes tools and calls (chatapp.prompts.tools).
     convention: tools_convention.Hermes = tools_convention.HERMES
+    # With truncation "auto": the oldest turns the prompt left out (None: none).
+    cut: HistoryCut | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -105,8 +108,19 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, model: str = "") 
             remembered = selectors.remembered_ids(tenant=tenant, texts=texts)
         return remembered.get(keys.get(text, text))
 
+    limit, starts = None, None
+    if req.truncation == "auto":
+        limit = truncation_limit(req, model)
+        # A turn begins at each of the client's user messages (tool results, which some
+        # formats write as user turns, stay with their calls); a system message the tool
+        # convention added shifts the indices by one.
+        shift = len(turns) - len(req.messages)
+        starts = {i + shift for i, m in enumerate(req.messages) if m.get("role") == "user"}
     try:
-        plan = builder.build_from_turns(turns, assistant_ids_lookup=lookup, cache_salt=salt)
+        plan = builder.build_from_turns(turns, assistant_ids_lookup=lookup, cache_salt=salt,
+                                        limit=limit, turn_starts=starts)
+    except ContextExceeded as exc:
+        raise invalid(_context_message(exc), "messages", "context_length_exceeded") from None
     except PromptError as exc:
         raise invalid(sentence(str(exc), "Invalid messages."), "messages", "invalid_value") from None
     # A forced call starts with its opening (a tag), in the prompt; the grammar takes its
@@ -137,7 +151,21 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, model: str = "") 
     )
     # The ids the engine stops on (chatapp.generation.jobs), the EOS included.
     return Prepared(job=job, tenant=tenant, stop_token_ids=stop_token_ids(tokenizer),
-                    forced_ids=list(forced), convention=convention)
+                    forced_ids=list(forced), convention=convention, cut=plan.cut)
+
+
+def truncation_limit(req: CompletionRequest, model: str) -> ContextLimit:
+    """What `truncation: "auto"` cuts history to: the model's context, room for the
+    request's max_tokens (else API_DEFAULT_MAX_TOKENS), CHAT_HISTORY_TARGET."""
+    context = prompting.context_tokens(model, chat=False)
+    reply = req.max_tokens or settings.API_DEFAULT_MAX_TOKENS
+    return ContextLimit(context, min(reply, context - 1), history_target())
+
+
+def _context_message(exc: ContextExceeded) -> str:
+    return (f"This model's maximum context length is {exc.max_model_len} tokens. However, "
+            f"the last turn alone resulted in {exc.prompt_tokens} tokens with every earlier "
+            "turn left out, which leaves no room for a reply. Please shorten it.")
 
 
 def check_schema(schema: str) -> None:
@@ -174,6 +202,13 @@ class Completion:
             log.error("Completion %s failed: %s", self.id, out.error)
             raise internal()
 
+    def truncation(self) -> dict:
+        """With truncation "auto": what the prompt left out of the request's messages."""
+        cut = self.prepared.cut
+        return {"type": "auto", "messages_left_out": cut.messages if cut else 0,
+                "turns_left_out": cut.turns if cut else 0,
+                "tokens_left_out": cut.tokens if cut else 0}
+
     def usage(self) -> dict:
         usage = {**self.generation.usage(), "completion_tokens_details": {"reasoning_tokens": 0}}
         if self.req.prefix_cache_receipt:  # only when asked: SDKs are not surprised
@@ -207,8 +242,11 @@ class Completion:
     # -- bodies ------------------------------------------------------------------
 
     def _body(self, kind: str, choices: list[dict], **extra) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.req.model,
+        body = {"id": self.id, "object": kind, "created": self.created, "model": self.req.model,
                 "choices": choices, **extra}
+        if self.req.truncation == "auto":
+            body["truncation"] = self.truncation()
+        return body
 
     def tool_calls(self, choice) -> tuple[str | None, list[dict]] | None:
         """(the content before them, the calls in OpenAI's shape) when a finished choice

@@ -59,6 +59,9 @@ class CompletionRequest:
     # JSON text (key order kept: it is the order properties are generated in). None: text.
     json_schema: str | None = None
     tools: ToolRequest | None = None
+    # "auto": history longer than the context loses its oldest whole turns (the chat's
+    # policy, chatapp.prompts.history); "disabled" (OpenAI's default): a 400 instead.
+    truncation: str = "disabled"
 
     def turns(self, convention) -> tuple[list[tuple[str, str]], dict[str, str]]:
         """The messages as (role, text), parts joined, "developer" as "system", tools,
@@ -215,9 +218,22 @@ def parse_completion_request(data: dict) -> CompletionRequest:
         user=_optional_str(data, "user", 256),
         cache_salt=_optional_str(data, "cache_salt", 256),
         prefix_cache_receipt=_bool(data, "prefix_cache_receipt"),
+        truncation=_truncation(data.get("truncation")),
         **_structure(data),
         **_logprobs(data),
     )
+
+
+TRUNCATION = ("auto", "disabled")
+
+
+def _truncation(value) -> str:
+    """`truncation`, the OpenAI Responses API's name: "auto" or "disabled" (default)."""
+    if value is None:
+        return "disabled"
+    if value not in TRUNCATION:
+        raise _bad("truncation", f"must be one of {', '.join(TRUNCATION)}; got {quoted(value)}.")
+    return value
 
 
 def _structure(data: dict) -> dict:
