@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from inference.loader import resolve_model_path
+from inference.loader import reference_model
 
 
 class StepClock:
@@ -25,13 +25,11 @@ class StepClock:
 
 
 def load_hf_model(model: str, dtype: str):
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # generate() warns about sampling fields we don't use
     hf_logging.disable_progress_bar()
-    path = resolve_model_path(model)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    return reference_model(model, dtype=getattr(torch, dtype))
 
 
 def pad_token_id(tokenizer) -> int:

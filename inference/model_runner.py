@@ -7,6 +7,7 @@ import logging
 import numpy as np
 import torch
 
+from inference import file_weights
 from inference.config import EngineConfig
 from inference.cpu_allocator import (
     available_memory_bytes,
@@ -14,7 +15,9 @@ from inference.cpu_allocator import (
     release_free_heap,
     zeros_mapped_on_write,
 )
+from inference.gguf_checkpoint import GGUFCheckpoint
 from inference.kv_groups import GroupedMetadata, kv_groups, model_windows
+from inference.loader import model_cache_dir
 from inference.models.llama import RotaryEmbedding
 from inference.models.registry import build_model, text_config
 from inference.quantize import cached_weights, quantize_model, quantized_cache_file
@@ -62,16 +65,20 @@ class ModelRunner:
         with torch.device(self.device):
             model = build_model(model_config)
         kind = self.stored_kind(config)
-        # bf16 storage is a cast, cheaper than reading a cache file back.
-        cache_file = None if kind in (None, "bf16") else quantized_cache_file(config)
-        cached = cached_weights(model, kind, cache_file)
-        # Weights the cache holds are never read from the checkpoint.
-        model.load_hf_state_dict(state_dict, linear=cached is None)
-        if kind is not None:
-            quantize_model(model, kind, cache_file, cached)
-            if model.embed_from_head():
-                log.info("token embeddings read from the output head's %s rows (exact)",
-                         model.lm_head.quantized.kind)
+        if isinstance(state_dict, GGUFCheckpoint) and kind in ("int8", "int4"):
+            # A GGUF file's matmuls on its own blocks, never dequantized whole.
+            file_weights.load(model, state_dict, kind, model_cache_dir(config.model_cache_dir))
+        else:
+            # bf16 storage is a cast, cheaper than reading a cache file back.
+            cache_file = None if kind in (None, "bf16") else quantized_cache_file(config)
+            cached = cached_weights(model, kind, cache_file)
+            # Weights the cache holds are never read from the checkpoint.
+            model.load_hf_state_dict(state_dict, linear=cached is None)
+            if kind is not None:
+                quantize_model(model, kind, cache_file, cached)
+                if model.embed_from_head():
+                    log.info("token embeddings read from the output head's %s rows (exact)",
+                             model.lm_head.quantized.kind)
         self.model = model.to(dtype=self.dtype).eval()
         # The checkpoint's tensors and the full-precision weights that quantizing or a
         # cast replaced go back to the system before the pool is allocated: with them

@@ -90,27 +90,6 @@ def quantized_cache_file(config) -> Path:
     return quantized_cache_path(path, config.weight_dtype, FORMAT_VERSION, config.model_cache_dir)
 
 
-def take_gguf_rows(model, layers: dict, weights: dict[str, QuantizedWeight]) -> int:
-    """Where the model was converted from a GGUF file, replace the re-quantized rows that
-    the file holds on our grids with its own (inference/gguf_weights.py: re-quantizing
-    dequantized Q4_0, Q5_0 or k-quant rows moves them by up to half a step); the number
-    of rows that hold the file's blocks."""
-    from inference.gguf_weights import native_source
-
-    if all(qw.kind == "bf16" for qw in weights.values()):
-        return 0
-    config = getattr(model, "config", None)
-    source = native_source(getattr(config, "name_or_path", None))
-    if source is None:
-        return 0
-    taken = total = 0
-    for name, layer in layers.items():
-        total += weights[name].out_features
-        taken += source.overlay(weights[name], layer.weight)
-    log.info("%d of %d weight rows hold %s's own blocks", taken, total, source.path.name)
-    return taken
-
-
 def cached_weights(model, kind: str, cache_file: Path | None) -> dict[str, QuantizedWeight] | None:
     """The quantized weights of `model`'s linear layers (see LlamaForCausalLM.linear_layers)
     that cache_file holds, or None where it holds none that fit (no file, another
@@ -143,7 +122,6 @@ def quantize_model(model, kind: str, cache_file: Path | None = None,
     if weights is None:
         weights = {name: quantize(layer.weight, layer_kind(name, kind))
                    for name, layer in layers.items()}
-        take_gguf_rows(model, layers, weights)
         if cache_file is not None:
             try:
                 save_cached(cache_file, weights, kind)

@@ -30,6 +30,7 @@ from inference.kv_groups import GroupedMetadata, KVGroups
 from inference.models.llama import (
     MLP,
     Attention,
+    Embedding,
     PagedCausalLM,
     RotaryEmbedding,
     gelu_tanh,
@@ -117,7 +118,7 @@ class Gemma3ForCausalLM(PagedCausalLM):
         check_supported(config)
         self.config = config
         types = layer_types(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.embed_scale = math.sqrt(config.hidden_size)
         self.layers = nn.ModuleList(GemmaDecoderLayer(config, t) for t in types)
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)

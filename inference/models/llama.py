@@ -81,6 +81,15 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
+class Embedding(nn.Embedding):
+    """nn.Embedding without random initialisation: its table comes from a checkpoint, or
+    is replaced before it is read (HeadEmbedding, a GGUF file's BlockEmbedding), and an
+    untouched table costs no resident memory."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
 class HeadEmbedding(nn.Module):
     """Token embeddings read from a tied head's stored weight (quantized, or bf16 in an
     fp32 model) where it holds the table exactly, as a GGUF file's Q8_0 token table does:
@@ -252,11 +261,26 @@ class PagedCausalLM(nn.Module):
         renames its language model's)."""
         return state
 
+    def checkpoint_sources(self) -> dict[str, list[str]]:
+        """transformers' weight names that each matmul layer (linear_layers) stacks by
+        rows: q/k/v and gate/up fused, the head tied to the embedding table or not."""
+        out = {}
+        for name in self.linear_layers():
+            if name == "lm_head":
+                out[name] = ["model.embed_tokens.weight" if self.tie_word_embeddings
+                             else "lm_head.weight"]
+                continue
+            layers, index, key = name.split(".", 2)  # "layers", "3", "self_attn.qkv_proj"
+            out[name] = [f"model.{layers}.{index}.{p}.weight" for p in FUSED.get(key, (key,))]
+        return out
+
     @torch.no_grad()
-    def load_hf_state_dict(self, state: dict[str, torch.Tensor], linear: bool = True) -> None:
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor], linear: bool = True,
+                           embedding: bool = True) -> None:
         """Copy transformers' weights in, fusing q/k/v and gate/up; linear=False leaves
         the linear layers' weights (see linear_layers) out, for quantized copies read
-        from a cache (the checkpoint's pages of them are then never read)."""
+        from a cache (the checkpoint's pages of them are then never read), and
+        embedding=False the token table, for a lookup that replaces it."""
         state = self.text_state(state)
 
         def take(name: str) -> torch.Tensor:
@@ -264,7 +288,8 @@ class PagedCausalLM(nn.Module):
                 raise KeyError(f"weight {name} missing from the checkpoint")
             return state[name]
 
-        self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
+        if embedding:
+            self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
         self.norm.weight.copy_(take("model.norm.weight"))
         if not self.tie_word_embeddings and linear:
             self.lm_head.weight.copy_(take("lm_head.weight"))
@@ -312,8 +337,14 @@ class PagedCausalLM(nn.Module):
                                    stored.scale[i : i + rows_at_a_time], stored.in_features)
             if not torch.equal(dequantize(part, table.dtype), table[i : i + rows_at_a_time]):
                 return False
-        self.embed_tokens = HeadEmbedding(stored, table.dtype)
+        self.use_head_embedding()
         return True
+
+    def use_head_embedding(self) -> None:
+        """Look embeddings up in the tied head's stored rows (HeadEmbedding) from now on,
+        where the caller knows they are the table's values, and drop the table."""
+        table = self.embed_tokens.weight
+        self.embed_tokens = HeadEmbedding(self.lm_head.quantized, table.dtype)
 
     def stack_matmuls(self) -> tuple[list[Linear], bool] | None:
         """The layers' matmuls (the head aside) for the C decode step, and whether it
@@ -348,7 +379,7 @@ class LlamaForCausalLM(PagedCausalLM):
         super().__init__()
         self.config = config
         bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(config, bias) for _ in range(config.num_hidden_layers)
         )
@@ -416,6 +447,11 @@ class LlamaForCausalLM(PagedCausalLM):
         return True
 
 
+# transformers' weights that a fused matmul stacks by rows, in order.
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
 @torch.no_grad()
 def copy_attention_and_mlp(layer: nn.Module, take, prefix: str, linear: bool = True) -> None:
     """Copy one decoder layer's attention and MLP weights from transformers' names
@@ -423,11 +459,10 @@ def copy_attention_and_mlp(layer: nn.Module, take, prefix: str, linear: bool = T
     and norms only."""
     attn = layer.self_attn
     if linear:
-        attn.qkv_proj.weight.copy_(torch.cat([take(f"{prefix}self_attn.{x}_proj.weight")
-                                              for x in "qkv"]))
+        for fused, parts in FUSED.items():
+            layer.get_submodule(fused).weight.copy_(
+                torch.cat([take(f"{prefix}{p}.weight") for p in parts]))
         attn.o_proj.weight.copy_(take(prefix + "self_attn.o_proj.weight"))
-        layer.mlp.gate_up_proj.weight.copy_(torch.cat([take(prefix + "mlp.gate_proj.weight"),
-                                                       take(prefix + "mlp.up_proj.weight")]))
         layer.mlp.down_proj.weight.copy_(take(prefix + "mlp.down_proj.weight"))
     if attn.qkv_proj.bias is not None:
         attn.qkv_proj.bias.copy_(torch.cat([take(f"{prefix}self_attn.{x}_proj.bias")

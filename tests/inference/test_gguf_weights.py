@@ -4,7 +4,7 @@ read back and held to gguf's dequantizers."""
 
 from __future__ import annotations
 
-import json
+import os
 from types import SimpleNamespace
 
 import gguf
@@ -13,30 +13,14 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
+from bench.random_gguf import random_blocks
 from inference import gguf_weights as gw
 from inference import loader
+from inference.gguf_checkpoint import FileTensor
 from inference.gguf_file import GGUFFile
-from inference.quantize import take_gguf_rows
 from kernels.quant_linear import dequantize, quantize
 
 ROWS, COLS = 24, 512  # 512 columns: two k-quant super-blocks a row
-
-
-def random_blocks(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Valid random bytes of a k-quant tensor: random levels and scales, fp16 super-block
-    scales of a weight's usual size (random bytes there could be inf or NaN)."""
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    n = rows * cols // block
-    raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
-
-    def fp16(lo: float, hi: float) -> np.ndarray:
-        return rng.uniform(lo, hi, size=(n, 1)).astype(np.float16).view(np.uint8)
-
-    if qtype in (T.Q4_K, T.Q5_K):
-        raw[:, 0:2], raw[:, 2:4] = fp16(1e-4, 3e-3), fp16(1e-4, 3e-3)
-    elif qtype == T.Q6_K:
-        raw[:, -2:] = fp16(1e-5, 1e-3)
-    return raw.reshape(rows, -1)
 
 
 def write_gguf(path, tensors: dict[str, tuple[np.ndarray, T | None]]) -> None:
@@ -154,67 +138,47 @@ def test_requantizing_k_quant_values_moves_them_more_than_native_rows(small_gguf
     assert again_err > 10 * native_err
 
 
-def test_overlay_finds_rows_of_fused_and_permuted_layers(small_gguf):
-    """A layer whose rows are some tensors' rows in another order (fused q/k/v,
-    Llama's permuted q/k) takes each from its tensor; rows of a type with no native
-    form (Q6_K) keep the re-quantized copy."""
-    source = gw.NativeSource(small_gguf)
+def file_tensor(path, name: str, perm=None) -> FileTensor:
+    fd = os.open(path, os.O_RDONLY)
+    tensor = next(t for t in GGUFFile(path).tensors if t.name == name)
+    return FileTensor(tensor, fd, perm)
+
+
+def test_a_layer_stacks_its_parts_on_their_blocks_in_transformers_row_order(small_gguf):
+    """A fused layer (q/k/v, gate/up) takes each part's rows from its blocks, a
+    permuted part (Llama's q and k) in transformers' order."""
     tensors = reader_tensors(small_gguf)
-    q4k, q50, q6k = (torch.from_numpy(gw.dequantize_tensor(tensors[n]))
-                     for n in ("Q4_K", "Q5_0", "Q6_K"))
-    perm = torch.randperm(ROWS, generator=torch.Generator().manual_seed(0))
-    weight = torch.cat([q50[perm], q4k, q6k[:5]])
-    qw = quantize(weight, "uint8")
-    requantized = qw.data.clone(), qw.scale.clone()
-    assert source.overlay(qw, weight) == 2 * ROWS
-    got = dequantize(qw)
-    assert torch.equal(got[:ROWS], q50[perm])  # Q5_0: exact
-    assert bool(((got[ROWS : 2 * ROWS] - q4k).abs() <= gw.rounding_bound(qw)[ROWS : 2 * ROWS]).all())
-    assert torch.equal(qw.data[2 * ROWS :], requantized[0][2 * ROWS :])
-    assert torch.equal(qw.scale[2 * ROWS :], requantized[1][2 * ROWS :])
-    # int4 cannot hold Q5_0: only the Q4_K rows are taken.
-    qw4 = quantize(weight, "int4")
-    assert source.overlay(qw4, weight) == ROWS
-    # Q4_1 comes back exactly from its values alone: all its rows count, none change.
-    q41 = torch.from_numpy(gw.dequantize_tensor(tensors["Q4_1"]))
-    qw = quantize(q41, "int4")
-    data = qw.data.clone()
-    assert source.overlay(qw, q41) == ROWS and torch.equal(qw.data, data)
+    perm = np.arange(ROWS)[::-1].copy()
+    parts = [file_tensor(small_gguf, "Q4_0", perm), file_tensor(small_gguf, "Q4_1")]
+    qw, native = gw.stored_weight(parts, "int4")
+    assert native == 2 * ROWS and qw.kind == "int4" and qw.out_features == 2 * ROWS
+    want = np.concatenate([gw.dequantize_tensor(tensors["Q4_0"])[perm],
+                           gw.dequantize_tensor(tensors["Q4_1"])])
+    assert torch.equal(dequantize(qw), torch.from_numpy(want))
 
 
-def test_rows_that_only_hash_alike_are_not_taken(small_gguf, monkeypatch):
-    """A hash match is checked against the values: rows that differ where the (here
-    blinded) hash does not look keep the re-quantized copy."""
-    real = gw.row_hashes
-    monkeypatch.setattr(gw, "row_hashes", lambda values: real(np.ascontiguousarray(values[:, 1:])))
-    source = gw.NativeSource(small_gguf)
-    weight = torch.from_numpy(gw.dequantize_tensor(reader_tensors(small_gguf)["Q4_0"])).clone()
-    weight[:, 0] += 0.25
-    assert source.overlay(quantize(weight, "int4"), weight) == 0
-    weight[:, 0] -= 0.25
-    assert source.overlay(quantize(weight, "int4"), weight) == ROWS
+def test_a_layer_takes_the_first_kind_that_holds_all_its_parts(small_gguf):
+    """Q8_0 beside Q4_1 under int4: int4 holds Q4_1 only, int8 Q8_0 only, so both go
+    to uint8 (8 bits with an offset); Q8_0 alone goes to int8, exactly."""
+    qw, native = gw.stored_weight([file_tensor(small_gguf, "Q4_1"),
+                                   file_tensor(small_gguf, "Q8_0")], "int4")
+    assert native == 2 * ROWS and qw.kind == "uint8"
+    qw, native = gw.stored_weight([file_tensor(small_gguf, "Q8_0")], "int4")
+    assert native == ROWS and qw.kind == "int8"
 
 
-def test_a_converted_folder_takes_its_gguf_rows(small_gguf, tmp_path):
-    """quantize_model's hook: a model whose config names a folder converted from a GGUF
-    takes the file's rows; a folder without the record, or whose file changed, does not."""
-    folder = tmp_path / "converted"
-    folder.mkdir()
+def test_a_part_no_kind_holds_puts_the_layer_on_8_bits_again(small_gguf):
+    """Q6_K has no form on our grids: its rows are quantized again from the file's
+    values, onto 8 bits with an offset (never onto int4, which would drop 2 bits), and
+    the Q4_K part beside it keeps its blocks on that grid."""
     tensors = reader_tensors(small_gguf)
-    weight = torch.from_numpy(gw.dequantize_tensor(tensors["Q4_0"]))
-    layers = {"layers.0.o_proj": SimpleNamespace(weight=weight)}
-    model = SimpleNamespace(config=SimpleNamespace(name_or_path=str(folder)))
-
-    def fresh():
-        return {"layers.0.o_proj": quantize(weight, "int4")}
-
-    assert take_gguf_rows(model, layers, fresh()) == 0
-    gw.write_source_record(folder, small_gguf)
-    assert json.loads((folder / gw.SOURCE_RECORD).read_text())["path"] == str(small_gguf.resolve())
-    assert take_gguf_rows(model, layers, fresh()) == ROWS
-    record = json.loads((folder / gw.SOURCE_RECORD).read_text())
-    (folder / gw.SOURCE_RECORD).write_text(json.dumps({**record, "size": record["size"] + 1}))
-    assert take_gguf_rows(model, layers, fresh()) == 0
+    qw, native = gw.stored_weight([file_tensor(small_gguf, "Q4_K"),
+                                   file_tensor(small_gguf, "Q6_K")], "int4")
+    assert native == ROWS and qw.kind == "uint8"
+    q4k = gw.to_kind(gw.affine_rows(np.asarray(tensors["Q4_K"].data), T.Q4_K, COLS), "uint8")
+    q6k = torch.from_numpy(gw.dequantize_tensor(tensors["Q6_K"]))
+    assert torch.equal(dequantize(qw)[:ROWS], dequantize(q4k))
+    assert torch.equal(dequantize(qw)[ROWS:], dequantize(quantize(q6k, "uint8")))
 
 
 def test_auto_reads_a_converted_folders_gguf(small_gguf, tmp_path):
