@@ -31,6 +31,9 @@
                                         step at batch 1 and 16, as a share of the step
     python -m bench toolloop            an agent's tool loop with re-serialised arguments:
                                         the cached share of each turn
+    python -m bench long-chat           conversations longer than the context: ours
+                                        cutting whole turns, a client trimming each
+                                        prompt, llama.cpp's --context-shift
     python -m bench agreement           greedy tokens equal to llama.cpp's on the same GGUF
     python -m bench kv-dtype            single-stream decode over long contexts with fp32
                                         and with bf16 K/V
@@ -68,6 +71,7 @@ SUBCOMMANDS = {
     "memory": "bench.memory",
     "grammar": "bench.grammar",
     "toolloop": "bench.toolloop",
+    "long-chat": "bench.long_chat",
     "agreement": "bench.agreement",
     "kv-dtype": "bench.kv_dtype",
 }

@@ -125,14 +125,16 @@ def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: floa
 
 
 def start_llama_server(
-    binary: Path, model: Path, label: str, s: ServerSettings, logs: Path, timeout_s: float = 600
+    binary: Path, model: Path, label: str, s: ServerSettings, logs: Path, timeout_s: float = 600,
+    extra_args: tuple[str, ...] = (),
 ) -> Server:
+    """llama-server on `model`; `extra_args` go after the usual ones (--context-shift)."""
     port = free_port()
     log_path = logs / f"{label}.log"
     started = time.perf_counter()
     with open(log_path, "w") as out:
         proc = subprocess.Popen(
-            llama_server_cmd(binary, model, port, s),
+            [*llama_server_cmd(binary, model, port, s), *extra_args],
             cwd=binary.parent,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -204,10 +206,12 @@ def _manage(env: dict, *args: str) -> str:
 
 
 def start_ours(
-    dtype: str, label: str, s: ServerSettings, logs: Path, database: Path, timeout_s: float = 600
+    dtype: str, label: str, s: ServerSettings, logs: Path, database: Path, timeout_s: float = 600,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Server:
-    """daphne on this repository with a fresh database and one API key, as `make run`."""
-    env = ours_env(dtype, database, s)
+    """daphne on this repository with a fresh database and one API key, as `make run`;
+    `extra_env` sets more of its settings (LLM_MAX_MODEL_LEN)."""
+    env = {**ours_env(dtype, database, s), **(extra_env or {})}
     _manage(env, "migrate", "--noinput", "-v", "0")
     _manage(env, "ensure_admin")
     key = _manage(
