@@ -17,6 +17,7 @@ from chatapp.chat import selectors
 from chatapp.chat.errors import InvalidInput, sentence
 from chatapp.chat.models import Message
 from chatapp.generation import embedded
+from chatapp.generation.served_models import UnknownModel
 from chatapp.prompts.errors import ContextExceeded, PromptError
 from chatapp.prompts.history import ContextLimit, history_target
 from chatapp.prompts.profile import record_prompt
@@ -102,8 +103,8 @@ def check_new_message(*, conversation, content: object) -> None:
         has_history = Message.objects.filter(conversation=conversation).exists()
         user = builder.user_segment(content, opening=not system and not has_history,
                                     after_system=bool(system) and not has_history)
-    except PromptError:
-        return
+    except (PromptError, UnknownModel):
+        return  # the reply says what is wrong, as it always has
     marker = builder.marker_segment(after_system=bool(system)) if has_history else []
     limit = context_limit(conversation.model)
     need = len(system) + len(marker) + len(user) + len(builder.generation_prompt())

@@ -9,6 +9,9 @@ from channels.db import database_sync_to_async
 
 from chatapp.chat import selectors
 from chatapp.chat.models import Message
+from chatapp.generation.embedded import get_tokenizer
+from chatapp.generation.prompting import conversation_prompt_ids
+from chatapp.prompts.services import builder_for
 
 from .test_consumer import get_message
 from .test_receipts import fresh_conversation, open_chat, turn
@@ -30,6 +33,10 @@ QUESTIONS = (
 def stored(conv):
     return list(Message.objects.filter(conversation=conv).order_by("id")
                 .values_list("id", "role", "content"))
+
+
+def prompt_ids(conv):
+    return conversation_prompt_ids(tokenizer=get_tokenizer(), conversation=conv)
 
 
 @database_sync_to_async
@@ -71,6 +78,16 @@ async def test_a_long_chat_cuts_whole_turns_once_in_a_while_and_keeps_everything
         cacheable = (reply.prompt_tokens + reply.completion_tokens - 1) // 16 * 16
     assert cuts >= 2 and misses == cuts
     assert (await get_message(first_seen)).role == Message.Role.USER
+
+    # What a prewarm brings back is the cut prompt the next turn extends: the system
+    # segment, the marker, the kept turns and the last reply.
+    ids = await database_sync_to_async(prompt_ids)(conv)
+    builder = builder_for(get_tokenizer())
+    header = len(builder.generation_prompt())
+    assert len(ids) == reply.prompt_tokens - header + len(reply.token_ids)
+    system = len(builder.system_segment(conv.preset_id, conv.preset_version,
+                                        conv.preset_variables))
+    assert ids[system:system + len(builder.marker_segment())] == builder.marker_segment()
 
     # Nothing stored was deleted or altered: every turn, every message as written.
     messages = await stored(conv)
