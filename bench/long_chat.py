@@ -197,6 +197,7 @@ def run(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="long-chat-"))
     results: dict[str, dict] = {}
     paths: dict[str, str | None] = {}
+    result: dict = {}
     for name in names:
         server = start(name, args, work)
         paths[name] = server.cpu_path if name != "llamacpp" else args.isa
@@ -206,12 +207,13 @@ def run(args: argparse.Namespace) -> dict:
                                        args.context, count)
         finally:
             server.stop()
-    result = {"context": args.context, "turns": args.turns, "reply_tokens": args.reply_tokens,
-              "num_conversations": args.num_conversations, "threads": args.threads,
-              "served_model": SERVED_NAME, "llamacpp_isa": args.isa, "kernel_paths": paths,
-              "runs": results, "ratios": ratios(results)}
+        result = {"context": args.context, "turns": args.turns,
+                  "reply_tokens": args.reply_tokens,
+                  "num_conversations": args.num_conversations, "threads": args.threads,
+                  "served_model": SERVED_NAME, "llamacpp_isa": args.isa, "kernel_paths": paths,
+                  "runs": results, "ratios": ratios(results)}
+        write_json(args.out, result)  # after each run: a long one may be stopped
     print(table(result))
-    write_json(args.out, result)
     return result
 
 
