@@ -101,11 +101,13 @@ def replies_interrupt(*, replies) -> list[int]:
     """Finish the active replies of `replies` (a queryset) as interrupted: their process
     died. The text, ids and usage their generation persisted stay; returns their ids."""
     now = timezone.now()
-    ids = list(replies.filter(status__in=Message.ACTIVE).values_list("pk", flat=True))
-    if ids:
-        # The status filter again: a reply finished meanwhile by its (live) generation wins.
-        Message.objects.filter(pk__in=ids, status__in=Message.ACTIVE).update(
-            status=Message.Status.INTERRUPTED, finish_reason="interrupted", updated_at=now)
+    ids = []
+    for pk in replies.filter(status__in=Message.ACTIVE).values_list("pk", flat=True):
+        # One row at a time, the status filter again: a reply finished meanwhile by its
+        # (live) generation wins, and is not counted (nor announced) as interrupted.
+        if Message.objects.filter(pk=pk, status__in=Message.ACTIVE).update(
+                status=Message.Status.INTERRUPTED, finish_reason="interrupted", updated_at=now):
+            ids.append(pk)
     return ids
 
 

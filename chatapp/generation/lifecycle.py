@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Message
-from chatapp.generation.orphans import runner_is_dead, this_runner
+from chatapp.generation.orphans import announce, runner_is_dead, this_runner
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ def reply_claim(*, reply_id: int, holder: str, reclaim_own: bool = False) -> tup
             reclaim_own and reply.served_by == holder
         ):
             return Claim.BUSY, ""
-        chat_services.replies_interrupt(replies=Message.objects.filter(pk=reply.pk))
+        ids = chat_services.replies_interrupt(replies=Message.objects.filter(pk=reply.pk))
+        transaction.on_commit(lambda: announce(ids))  # its page waits for a message.done
         return Claim.FINISHED, ""
     if reply.stop_requested:
         reply_finish(reply=reply, status=Message.Status.STOPPED, finish_reason="abort")
@@ -101,18 +102,19 @@ def reply_take(*, reply_id: int) -> bool:
 
 
 def reply_mark_streaming(*, reply: Message, served_by: str = "",
-                         segment_token_ids: list[int] | None = None) -> Message:
+                         segment_token_ids: list[int] | None = None) -> bool:
     """The prompt is built: streaming from now on. `segment_token_ids`: the reply's segment
     as it stands (the header, or the ids a continued reply holds), so one interrupted
-    before its first heartbeat still has ids for the next turn's prompt."""
+    before its first heartbeat still has ids for the next turn's prompt. False, nothing
+    written, when the reply is no longer active (finished as interrupted meanwhile, say):
+    a row that ended must not come back to life."""
     reply.status = Message.Status.STREAMING
     reply.served_by = served_by or reply.served_by
-    fields = ["status", "served_by", "updated_at"]
+    fields = {"status": reply.status, "served_by": reply.served_by, "updated_at": timezone.now()}
     if segment_token_ids is not None:
         reply.token_ids = list(segment_token_ids)
-        fields.append("token_ids")
-    reply.save(update_fields=fields)
-    return reply
+        fields["token_ids"] = reply.token_ids
+    return bool(Message.objects.filter(pk=reply.pk, status__in=Message.ACTIVE).update(**fields))
 
 
 def reply_finish(
@@ -149,12 +151,12 @@ def reply_finish(
 def reply_finish_held(*, reply_id: int, lease: str = "", runner: str = "",
                       **fields) -> Message | None:
     """reply_finish for a generation holding `lease` (a worker's) and run by `runner`; None
-    when another generation took the reply over, or it was finished as interrupted (its
-    process looked dead): that record stands, this result is dropped."""
+    when another generation took the reply over, or it was finished meanwhile (as
+    interrupted: its process looked dead): that record stands, this result is dropped."""
     with transaction.atomic():
         reply = Message.objects.select_for_update().get(pk=reply_id)
         if (lease and reply.lease != lease) or (runner and reply.runner != runner) or (
-            reply.status == Message.Status.INTERRUPTED
+            not reply.is_active  # finished meanwhile: as interrupted by a sweep, say
         ):
             log.warning("Reply %s is no longer this generation's; dropping its result",
                         reply_id)

@@ -73,17 +73,30 @@ def orphans(*, conversation: Conversation | None = None):
 
 def recover(*, conversation: Conversation | None = None) -> list[int]:
     """Finish the orphans as interrupted and tell their conversations' pages; their ids."""
-    ids = chat_services.replies_interrupt(replies=orphans(conversation=conversation))
+    ids = interrupt(orphans(conversation=conversation))
     if ids:
         log.warning("Reply(s) %s lost their process; finished as interrupted", ids)
-        for reply in Message.objects.select_related("conversation").filter(pk__in=ids):
-            try:
-                async_to_sync(publish)(reply.conversation.group_name, {
-                    "type": "message.done", "message_id": reply.pk, "seq": 0,
-                    "message": message_dict(reply)})
-            except Exception:  # the page finds it on its next load
-                log.warning("Announcing interrupted reply %s failed", reply.pk, exc_info=True)
     return ids
+
+
+def interrupt(replies) -> list[int]:
+    """Finish the active replies of `replies` (a queryset) as interrupted, and send each
+    page its message.done: the reply's one, since no generation can write the row after
+    this (lifecycle.reply_finish_held refuses an interrupted reply). Their ids."""
+    ids = chat_services.replies_interrupt(replies=replies)
+    announce(ids)
+    return ids
+
+
+def announce(ids: list[int]) -> None:
+    """Send the pages of replies `ids`, just finished as interrupted, their message.done."""
+    for reply in Message.objects.select_related("conversation").filter(pk__in=ids):
+        try:
+            async_to_sync(publish)(reply.conversation.group_name, {
+                "type": "message.done", "message_id": reply.pk, "seq": 0,
+                "message": message_dict(reply)})
+        except Exception:  # the page finds it on its next load
+            log.warning("Announcing interrupted reply %s failed", reply.pk, exc_info=True)
 
 
 def as_read(messages: list[Message], *, conversation: Conversation) -> list[Message]:

@@ -21,6 +21,9 @@ Server -> client:
   {"type": "message.started", "message_id", "prompt_tokens", "text"}  text: what a
                                                          continued reply holds already
   {"type": "message.delta", "message_id", "seq", "text"} seq counts 1, 2, 3... per reply
+  {"type": "message.resumed", "message_id", "seq", "text"}  on connect, for a reply still
+                                                         streaming: its text up to delta
+                                                         `seq`; the stream goes on at seq + 1
   {"type": "message.done", "message_id", "seq", "message": {..., "usage": {...}}}
   {"type": "conversation.updated", "conversation": {...}}
   {"type": "error", "code", "message", "request_type"}  the socket stays open; code
@@ -64,7 +67,6 @@ MAX_FRAME_CHARS = 256 * 1024
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.conversation = None
-        self.tasks: dict[int, asyncio.Task] = {}
         user = self.scope.get("user")
         # Accept first, then close: only an accepted socket can carry a close code.
         await self.accept()
@@ -83,6 +85,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # Replies a dead process left streaming are finished as interrupted, text kept.
         await database_sync_to_async(orphans.recover)(conversation=self.conversation)
         await self.send_json({"type": "hello", "conversation": conversation_dict(self.conversation)})
+        # Replies generated here go on while no page watches; this one picks up their
+        # streams (group events queue behind connect, so none is missed or repeated).
+        await self.send_resumed()
         # The conversation's KV comes back from the host/disk tier while the person reads.
         self.prewarming = asyncio.create_task(self.prewarm())
 
@@ -98,11 +103,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             self.prewarming.cancel()
         if self.conversation is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
-        # A client that leaves stops its replies; each keeps its partial text as `stopped`.
-        for reply_id in list(self.tasks):
-            replies.stop_reply(reply_id)
-        if self.tasks:
-            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        # A closed page does not stop its replies: only Stop does (they are persisted as
+        # they stream, and a page that opens later resumes them).
+
+    async def send_resumed(self) -> None:
+        active = await database_sync_to_async(selectors.conversation_active_replies)(
+            conversation=self.conversation)
+        for reply in active:
+            event = replies.resume_event(reply.pk)
+            if event is not None:
+                await self.send_json(event)
 
     # -- client events -----------------------------------------------------
 
@@ -224,18 +234,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     # -- helpers -----------------------------------------------------------
 
     async def announce(self, *messages) -> None:
-        """Tell every tab about the new messages, then start generating the reply. One
-        generated here stops when this socket closes; a worker's goes on."""
+        """Tell every tab about the new messages, then start generating the reply (here
+        or on a worker); it goes on when this socket closes."""
         await database_sync_to_async(self.conversation.refresh_from_db)()
         for message in messages:
             await publish(self.group, {"type": "message.created", "message": message_dict(message)})
         await publish(self.group, {"type": "conversation.updated",
                                    "conversation": conversation_dict(self.conversation)})
-        reply = messages[-1]
-        task = (await replies.start(reply)).run()
-        if task is not None:
-            self.tasks[reply.pk] = task
-            task.add_done_callback(lambda _t, pk=reply.pk: self.tasks.pop(pk, None))
+        (await replies.start(messages[-1])).run()
 
     async def check_fits(self, data: dict) -> None:
         """A message too long for the context is refused before anything is stored."""

@@ -166,10 +166,12 @@
     return path;
   }
 
+  function isActive(m) {
+    return m.role === "assistant" && (m.status === "pending" || m.status === "streaming");
+  }
+
   function activeReplies() {
-    return Array.from(messages.values()).filter(function (m) {
-      return m.role === "assistant" && (m.status === "pending" || m.status === "streaming");
-    });
+    return Array.from(messages.values()).filter(isActive);
   }
 
   // --- rendering ----------------------------------------------------------
@@ -439,13 +441,18 @@
     const res = await fetch("/c/" + conversationId + "/messages.json", { credentials: "same-origin" });
     if (!res.ok) return;
     const data = await res.json();
-    data.messages.forEach(upsert);
-    data.messages.forEach(function (m) { messages.set(m.id, m); });
+    data.messages.forEach(function (m) {
+      const mine = messages.get(m.id);
+      // A response older than a message.done already shown must not revive the reply.
+      if (mine && isActive(m) && !isActive(mine)) return;
+      upsert(m);
+    });
     render();
   }
 
   const handlers = {
-    hello: function () { if (retry > 0) resync(); retry = 0; },
+    // A reply may have ended between this page's load and its socket's opening.
+    hello: function () { if (retry > 0 || activeReplies().length) resync(); retry = 0; },
     "message.created": function (e) {
       upsert(e.message);
       selectPathTo(e.message.id);
@@ -458,9 +465,17 @@
       streams.set(e.message_id, { seq: 0, text: e.text || "", gap: false });
       render();
     },
+    // A page opened mid-reply: the text up to delta `seq`; the stream goes on after it.
+    "message.resumed": function (e) {
+      const m = messages.get(e.message_id);
+      if (m && m.status === "pending") { m.status = "streaming"; }
+      streams.set(e.message_id, { seq: e.seq, text: e.text, gap: false });
+      render();
+    },
     "message.delta": function (e) {
       let s = streams.get(e.message_id);
       if (!s) { s = { seq: 0, text: "", gap: true }; streams.set(e.message_id, s); }
+      if (e.seq <= s.seq) return; // in the text message.resumed gave already
       if (e.seq !== s.seq + 1) s.gap = true;
       s.seq = e.seq;
       s.text += e.text;

@@ -13,6 +13,7 @@ from chatapp.chat.models import Message
 from chatapp.generation import replies as generation
 from chatapp.generation.embedded import get_engine
 from chatapp.generation.events import DeltaBatcher
+from chatapp.generation.runs import ReplyRun
 from chatapp.prompts.profile import recent_prompts
 from chatapp.prompts.services import PromptBuilder
 
@@ -92,18 +93,16 @@ async def test_events_reach_the_group_in_order_with_the_final_usage(alice):
 async def test_the_done_event_survives_a_heartbeat_that_lands_on_the_final_write(alice,
                                                                                monkeypatch):
     """A heartbeat that runs just after the reply's own final write finds the row no
-    longer active, and may conclude so before the reply publishes: the page must still
-    get message.done (with thirty clients at once, one hung without it)."""
-    from chatapp.generation import lifecycle
+    longer active, and concludes so before the reply publishes: the page must still get
+    message.done (with thirty clients at once, one hung without it)."""
+    write_final = ReplyRun.write_final
 
-    finish = lifecycle.reply_finish_held
-
-    def finish_then_heartbeat(**kw):
-        done = finish(**kw)
-        generation._superseded.add(kw["reply_id"])  # what that heartbeat concluded
+    def write_then_heartbeat(run, fields):
+        done = write_final(run, fields)
+        assert not run.beaten(run.persist(None))  # refused: the row is done; no takeover
         return done
 
-    monkeypatch.setattr(lifecycle, "reply_finish_held", finish_then_heartbeat)
+    monkeypatch.setattr(ReplyRun, "write_final", write_then_heartbeat)
     conv, reply, layer, channel = await listened_reply(alice)
     final = await generation.run_reply(reply.pk)
     assert final["status"] == "done"
@@ -112,23 +111,6 @@ async def test_the_done_event_survives_a_heartbeat_that_lands_on_the_final_write
         events.append((await asyncio.wait_for(layer.receive(channel), 10))["event"])
     assert events[-1]["message"] == final
     await layer.group_discard(conv.group_name, channel)
-
-
-async def test_a_heartbeat_that_finds_its_own_final_write_is_no_takeover(monkeypatch, settings):
-    """The heartbeat of a reply this process is finishing finds the row done: it stops
-    beating without aborting the reply or silencing its events."""
-    from chatapp.generation import lifecycle
-
-    settings.CHAT_HEARTBEAT_S = 0.01
-    monkeypatch.setattr(lifecycle, "reply_persist", lambda **kw: False)
-    stopped = []
-    monkeypatch.setattr(generation, "stop_reply", stopped.append)
-    generation._finishing.add(-1)
-    try:
-        await asyncio.wait_for(generation._heartbeat(-1, "runner"), 5)
-    finally:
-        generation._finishing.discard(-1)
-    assert -1 not in generation._superseded and not stopped
 
 
 async def test_a_final_write_refused_to_a_superseded_generation_stays_silent(alice,
