@@ -118,9 +118,10 @@ def queue_for(*, preferred: str, model: str = "") -> str | None:
 
 def conversation_key(*, cache_salt: str, plan, model: str = "") -> str:
     """A stateless conversation's name: its model, its tenant's salt and its prompt up to
-    the end of the first message after the system prompt; every later turn starts the
-    same way."""
-    end = next((seg.end for seg in plan.segments if seg.kind != "system"), len(plan.token_ids))
+    the end of the first message after the system prompt (and the marker of a history
+    cut, which every cut conversation shares); every later turn starts the same way."""
+    end = next((seg.end for seg in plan.segments if seg.kind not in ("system", "cut")),
+               len(plan.token_ids))
     digest = hashlib.sha256(f"{model}\0{cache_salt}".encode())
     digest.update(",".join(map(str, plan.token_ids[:end])).encode())
     return digest.hexdigest()[:32]

@@ -237,3 +237,23 @@ def test_a_200_turn_chat_answers_every_turn_and_misses_once_per_cut(tiny_engine,
         cacheable = (len(previous) - 1) // 16 * 16
     assert misses == cuts and 0 < cuts <= 200 // 5
     assert cached / prompted >= 0.85
+
+
+def test_a_cut_conversation_keeps_a_routing_key_of_its_own_between_cuts(builder):
+    """Workers' affinity names a stateless conversation by its first message after the
+    system prompt; after a cut, by its first kept message, not the marker every cut
+    conversation shares."""
+    from chatapp.generation.router import conversation_key
+
+    system = builder.system_segment_for_text("You are a helpful assistant.")
+    limit = ContextLimit(max_model_len=1024, reply_tokens=64)
+    keys = {}
+    for seed in (1, 2):
+        for plan, _, _ in _converse(builder, system, limit, 60, seed=seed):
+            if plan.cut is not None:
+                keys.setdefault(seed, set()).add(
+                    (plan.cut.turns, conversation_key(cache_salt="t", plan=plan)))
+    # One key per cut of each conversation, none shared between the two.
+    for seed in (1, 2):
+        assert len({k for _, k in keys[seed]}) == len({turns for turns, _ in keys[seed]}) > 1
+    assert not {k for _, k in keys[1]} & {k for _, k in keys[2]}
