@@ -245,13 +245,51 @@ KIND_ORDER = {"int4": ("int4", "int8", "uint8"), "uint8": ("int8", "uint8"),
 NARROW_TYPES = (T.Q4_0, T.Q4_1, T.Q4_K, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS)
 
 
+def same_bytes(raw: np.ndarray, qtype: GGMLQuantizationType, kind: str,
+               cols: int) -> QuantizedWeight | None:
+    """Where kind stores a type's levels in the file's own byte order, its rows without
+    unpacking them: Q8_0's bytes are int8's, and a Q4_K super-block's 128 bytes of
+    nibbles are int4's packing of its 256 columns (column j of each 64 in the low
+    nibble of byte j, column 32 + j in the high one). to_kind(affine_rows(...)) gives
+    the same tensors, a few times slower; None for the other pairs."""
+    rows = raw.shape[0]
+    if qtype == T.Q8_0 and kind == "int8":
+        blocks = np.ascontiguousarray(raw).reshape(-1, 34)
+        data = blocks[:, 2:].view(np.int8)
+        if (data == -128).any():  # off int8's grid (llama.cpp never writes it)
+            return None
+        scale = blocks[:, :2].view(np.float16).reshape(rows, -1)
+        data = data.reshape(rows, cols)
+    elif qtype == T.Q4_K and kind == "int4":
+        blocks = np.ascontiguousarray(raw).reshape(-1, 144)
+        d, dmin = _fp16(blocks[:, 0:2]), _fp16(blocks[:, 2:4])
+        sc, m = Q4_K.get_scale_min(blocks[:, 4:16].copy())
+        step = (d[:, None] * sc.astype(np.float32)).astype(np.float16)
+        offset = (-(dmin[:, None] * m.astype(np.float32))).astype(np.float16)
+        scale = np.stack((step, offset), axis=-1).reshape(rows, -1, 2)
+        if not np.isfinite(scale).all():
+            return None
+        data = blocks[:, 16:].reshape(rows, cols // 2)
+    else:
+        return None
+    if padded(cols) != cols:
+        return None
+    return QuantizedWeight(kind, torch.from_numpy(np.ascontiguousarray(data)),
+                           torch.from_numpy(np.ascontiguousarray(scale)), cols)
+
+
 def _native_part(part, kind: str) -> QuantizedWeight | None:
     """One file tensor's rows on kind's grid (in transformers' row order), or None."""
     if kind not in NATIVE_KINDS.get(part.qtype, ()):
         return None
     chunks = []
     for i in range(0, part.rows, CHUNK_ROWS):
-        rows = affine_rows(part.raw(i, i + CHUNK_ROWS), part.qtype, part.cols)
+        raw = part.raw(i, i + CHUNK_ROWS)
+        qw = same_bytes(raw, part.qtype, kind, part.cols)
+        if qw is not None:
+            chunks.append(qw)
+            continue
+        rows = affine_rows(raw, part.qtype, part.cols)
         qw = None if rows is None else to_kind(rows, kind)
         if qw is None:
             return None

@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import torch
 
-from inference import file_weights
+from inference import file_weights, memory_plan
 from inference.config import EngineConfig
 from inference.cpu_allocator import (
     available_memory_bytes,
@@ -65,6 +65,10 @@ class ModelRunner:
         with torch.device(self.device):
             model = build_model(model_config)
         kind = self.stored_kind(config)
+        if isinstance(state_dict, GGUFCheckpoint) and self.device.type == "cpu":
+            # Refused with the numbers before a weight is read.
+            memory_plan.check_weights_fit(state_dict.path.name, state_dict.file_bytes,
+                                          available_memory_bytes())
         if isinstance(state_dict, GGUFCheckpoint) and kind in ("int8", "int4"):
             # A GGUF file's matmuls on its own blocks, never dequantized whole.
             file_weights.load(model, state_dict, kind, model_cache_dir(config.model_cache_dir))
@@ -106,8 +110,26 @@ class ModelRunner:
                 else self.model.build_decode_stack()):
             log.info("decode steps of up to %d sequences run as one C call",
                      self.model.decode_stack.max_rows)
-        # Decode batches are the common shape: oneDNN lays weights out for them.
+        groups = self.kv_groups
+        # A page holds one KV group's layers; with one group, every layer (a block).
+        per_block = kv_bytes_per_block(model_config, self.block_size, self.kv_dtype,
+                                       groups.group_size)
+        if config.num_blocks:  # blocks of every layer: the same bytes in pages
+            requested = config.num_blocks * groups.pages_per_whole_block()
+        else:
+            requested = max(1, config.kv_cache_memory_bytes // per_block)
+        mapped = self.device.type == "cpu"
+        # Decode batches are the common shape: oneDNN lays weights out for them. The
+        # quantized layers' bf16 copy is left out where it would crowd out the pool.
         on_cpu = config.pack_weights and self.device.type == "cpu"
+        copy_bytes = sum(torch.bfloat16.itemsize * m.out_features * m.in_features
+                         for m in self.model.linear_layers().values() if m.quantized is not None)
+        if on_cpu and copy_bytes and self.dtype == torch.bfloat16 and not memory_plan.copies_fit(
+                copy_bytes, requested * per_block, available_memory_bytes()):
+            log.warning("no bf16 copy of the quantized weights for many-row matmuls: its "
+                        "%.0f MiB and the KV pool would not fit this host's memory (prefill "
+                        "dequantizes a tile at a time instead)", copy_bytes / 2**20)
+            on_cpu = False
         if on_cpu and self.model.pack_weights(batch_hint=config.max_num_seqs):
             layers = self.model.linear_layers().values()
             embedding = self.model.embed_tokens.weight  # a tied head's plain weight costs nothing
@@ -124,31 +146,18 @@ class ModelRunner:
         for rotary in self.model.modules():
             if isinstance(rotary, RotaryEmbedding):
                 rotary.inv_freq = rotary.inv_freq.float()
-        groups = self.kv_groups
-        # A page holds one KV group's layers; with one group, every layer (a block).
-        per_block = kv_bytes_per_block(model_config, self.block_size, self.kv_dtype,
-                                       groups.group_size)
-        if config.num_blocks:  # blocks of every layer: the same bytes in pages
-            self.num_blocks = config.num_blocks * groups.pages_per_whole_block()
-        else:
-            self.num_blocks = max(1, config.kv_cache_memory_bytes // per_block)
+        # What the memory left after the weights holds, where the host says.
+        self.num_blocks = memory_plan.pool_blocks(
+            requested, per_block, max(1, self.block_size // groups.pages_per_whole_block()),
+            available_memory_bytes() if mapped else None)
         shape = (2, groups.group_size, self.num_blocks, self.block_size,
                  self.model.num_kv_heads, kv_quant.pool_last_axis(self.model.head_dim,
                                                                   self.kv_dtype))
-        mapped = self.device.type == "cpu"
         self.kv_cache = (zeros_mapped_on_write(shape, self.kv_dtype) if mapped
                          else torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
         log.info("KV pool: %d %s of %d tokens (%.1f MiB%s)", self.num_blocks,
                  "pages" if groups.hybrid else "blocks", self.block_size,
                  self.num_blocks * per_block / 2**20, ", resident as written" if mapped else "")
-        available = available_memory_bytes() if mapped else None
-        if available is not None and self.kv_cache.nbytes > available:
-            # Mapped as written, a pool too large for the host starts fine and fails
-            # once its blocks fill: say so at start.
-            log.warning("the KV pool (%.0f MiB) is larger than the memory this host has "
-                        "available (%.0f MiB): the process may run out of it as the pool fills; "
-                        "lower kv_cache_memory_bytes or num_blocks (LLM_KV_CACHE_BYTES, "
-                        "LLM_NUM_BLOCKS)", self.kv_cache.nbytes / 2**20, available / 2**20)
 
     def cache_dtype(self, config: EngineConfig, stored_kind: str | None) -> torch.dtype:
         """The KV pool's dtype (EngineConfig.kv_dtype; kv_quant.POOL_DTYPE for int8

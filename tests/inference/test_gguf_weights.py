@@ -110,6 +110,18 @@ def test_native_rows_on_our_grids(small_gguf, qtype, kind):
     assert bool((err <= 2.0**-10 * (levels * step + offset.abs()) + 2.0**-23).all())
 
 
+@pytest.mark.parametrize(("qtype", "kind"), [(T.Q8_0, "int8"), (T.Q4_K, "int4")],
+                         ids=lambda x: getattr(x, "name", x))
+def test_types_stored_in_their_own_bytes_are_what_unpacking_gives(small_gguf, qtype, kind):
+    t = reader_tensors(small_gguf)[qtype.name]
+    raw = np.asarray(t.data)
+    fast = gw.same_bytes(raw, qtype, kind, COLS)
+    slow = gw.to_kind(gw.affine_rows(raw, qtype, COLS), kind)
+    assert fast is not None and fast.kind == slow.kind
+    assert torch.equal(fast.data, slow.data) and torch.equal(fast.scale, slow.scale)
+    assert gw.same_bytes(raw, qtype, "uint8", COLS) is None
+
+
 def test_k_quant_scales_that_fit_fp16_load_exactly(tmp_path):
     """A Q4_K sub-block whose d * sc and dmin * m are fp16 values (d, dmin powers of 2)
     comes back bit for bit: the only loss is that rounding."""
