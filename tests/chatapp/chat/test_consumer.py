@@ -199,7 +199,7 @@ async def test_every_tab_on_the_conversation_sees_the_stream(alice):
     await tab2.disconnect()
 
 
-async def test_a_prompt_over_the_context_fails_with_a_clear_error_and_the_chat_goes_on(
+async def test_a_message_over_the_context_is_refused_unstored_and_the_chat_goes_on(
     alice, monkeypatch
 ):
     # The engine's own limit decides (not the setting, which the KV pool may undercut).
@@ -209,14 +209,13 @@ async def test_a_prompt_over_the_context_fails_with_a_clear_error_and_the_chat_g
     conv = await new_conversation(alice)
     comm, _ = await connect(conv.pk, alice)
     await receive(comm)
-    reply_id, events = await send_and_wait(comm, "word " * 200)
-    done = next(e for e in events if is_done(e, reply_id))
-    assert done["message"]["status"] == "error"
-    assert "context" in done["message"]["error"]
-    failed = await get_message(reply_id)
-    assert failed.status == "error" and failed.token_ids == []
+    await comm.send_json_to({"type": "send", "content": "word " * 200})
+    error = await receive(comm)
+    assert error["type"] == "error" and error["code"] == "context_length_exceeded"
+    assert "context holds 96" in error["message"]
+    assert await all_messages(conv) == []  # nothing stored, no failed reply
 
-    next_id, _ = await send_and_wait(comm, "Hi.", parent_id=reply_id)
+    next_id, _ = await send_and_wait(comm, "Hi.")
     nxt = await get_message(next_id)
     assert nxt.status == "done"
     await comm.disconnect()
