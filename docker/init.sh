@@ -1,7 +1,8 @@
 #!/bin/sh
 # One-shot setup that runs before the web server and the workers start (the compose
-# service "init"): the database schema, the first admin account, and the model converted
-# once into the model cache volume, so that no two processes convert it at the same time.
+# service "init"): the database schema, the first admin account, and the model's config
+# and tokenizer read once into the model cache volume (its weights are stored there by the
+# first engine that loads them).
 set -eu
 
 python manage.py migrate --noinput
