@@ -85,6 +85,17 @@ def reply(conversation_id: int, content: str, status: str = "done") -> dict:
     return {"user_message_id": user_msg.pk, "reply_id": done.pk}
 
 
+def failed(conversation_id: int, error: str) -> dict:
+    """A turn whose reply failed after it started (the engine refused or broke)."""
+    conv = Conversation.objects.get(pk=conversation_id)
+    user_msg, pending = services.message_send(
+        conversation=conv, content="Tell me a story.",
+        parent_id=getattr(selectors.latest_leaf(conversation=conv), "pk", None),
+    )
+    done = lifecycle.reply_finish(reply=pending, status=Message.Status.ERROR, error=error)
+    return {"user_message_id": user_msg.pk, "reply_id": done.pk}
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     if command == "users":
@@ -93,6 +104,8 @@ if __name__ == "__main__":
         result = reply(int(args[0]), args[1])
     elif command == "interrupted":
         result = reply(int(args[0]), args[1], Message.Status.INTERRUPTED)
+    elif command == "failed":
+        result = failed(int(args[0]), args[1])
     else:
         raise SystemExit(f"unknown command {command!r}")
     print(json.dumps(result))

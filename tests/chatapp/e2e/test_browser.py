@@ -169,17 +169,22 @@ def test_model_html_never_executes(page, server):
     assert page.locator('.msg-body a[href^="javascript"]').count() == 0
 
 
-def test_a_failed_generation_shows_an_error_state(page, server):
+def test_a_message_over_the_context_is_refused_and_a_failed_reply_shows_its_error(page, server):
     conversation_id = new_chat(page, "general")
-    # Over 8192 tokens: the prompt cannot fit the model's context.
+    # Over 8192 tokens: the message alone cannot fit the model's context.
     words = " ".join(f"w{i}" for i in range(12000))
     send(page, words)
+    page.wait_for_selector("#notice:not([hidden])")
+    assert "context holds 8192" in page.locator("#notice").inner_text()
+    assert stored(server, page, conversation_id)["messages"] == []  # nothing stored
+
+    # A reply that failed once started shows its error and offers Regenerate.
+    server.seed("failed", str(conversation_id), "Generation failed inside the engine.")
+    page.reload()
     wait_for_final(page, 0, statuses=("error",))
     error = replies(page).nth(0).locator(".msg-error")
-    assert error.is_visible() and "context" in error.inner_text()
+    assert error.is_visible() and "Generation failed" in error.inner_text()
     assert replies(page).nth(0).locator("button.regenerate").is_visible()
-    saved = stored(server, page, conversation_id)["messages"]
-    assert saved[-1]["status"] == "error" and "context" in saved[-1]["error"]
 
 
 def test_an_interrupted_reply_shows_as_such_and_continue_resumes_it(page, server):
