@@ -202,3 +202,48 @@ def test_an_interrupted_reply_shows_as_such_and_continue_resumes_it(page, server
     assert text.startswith("Here are three colours: red,") and len(text) > 30
     saved = stored(server, page, conversation_id)["messages"]
     assert saved[-1]["status"] == "done" and saved[-1]["content"].startswith("Here are")
+
+
+def test_a_closed_tab_does_not_stop_the_reply_and_reopening_resumes_it(page, server):
+    """Only Stop stops a reply: closed mid-reply, it goes on (persisted as it streams);
+    the conversation opened again shows the text so far and streams on from the next
+    seq, with no gap and no repeat, to the whole reply."""
+    conversation_id = new_chat(page, "general")
+    send(page, "Write a long story about a dragon who learns to cook.")
+    wait_for_streaming_text(page, 0)
+    context = page.context
+    page.close()
+
+    def persisted() -> dict:
+        return stored(server, again, conversation_id)["messages"][-1]
+
+    again = context.new_page()
+    again.set_default_timeout(WAIT_MS)
+    frames: list[dict] = []
+    again.on("websocket", lambda ws: ws.on(
+        "framereceived", lambda payload: frames.append(json.loads(payload))))
+    # With no page open, the reply goes on: its stored text grows from one heartbeat to
+    # the next.
+    first = persisted()
+    assert first["status"] == "streaming", first
+    while (later := persisted())["status"] == "streaming" and len(later["content"]) <= len(
+            first["content"]):
+        again.wait_for_timeout(200)
+    assert len(later["content"]) > len(first["content"])
+
+    again.goto(f"{server.url}/c/{conversation_id}/")
+    wait_connected(again)
+    wait_for_final(again, 0, statuses=("done",))
+    saved = persisted()
+    assert saved["status"] == "done" and saved["usage"]["completion_tokens"] > 0
+    events = [f for f in frames if f.get("message_id") == saved["id"]]
+    resumed = next(e for e in events if e["type"] == "message.resumed")
+    assert resumed["text"], "the reopened page got no text so far"
+    after = [e for e in events if e["type"] == "message.delta" and e["seq"] > resumed["seq"]]
+    assert [d["seq"] for d in after] == list(range(resumed["seq"] + 1,
+                                                   resumed["seq"] + 1 + len(after)))
+    done = events[-1]
+    assert done["type"] == "message.done" and done["seq"] == resumed["seq"] + len(after) + 1
+    assert resumed["text"] + "".join(d["text"] for d in after) == saved["content"]
+    shown = replies(again).nth(0).locator(".msg-body").inner_text()
+    assert shown.split()[:5] == saved["content"].split()[:5]

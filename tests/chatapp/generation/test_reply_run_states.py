@@ -4,7 +4,9 @@ steps, its heartbeat (each split at its database wait, as the event loop splits 
 Stop, a sweep that finishes the reply as interrupted (its process looked dead) and the
 death of its process, in any order. Whatever the order, the reply ends in one final
 state, and its page gets exactly one message.done; its deltas are numbered without a
-gap or a repeat.
+gap or a repeat. The one exception is a process that dies between its final write and
+sending its done: nobody can tell that from a done sent, so none comes, and the page,
+whose socket died with that process, reads the final row when it reconnects.
 
 The engine is the one part not run here: each example decides its outputs, under the
 contract the run relies on (AsyncEngine.abort: after an abort, the request's stream ends
@@ -71,6 +73,7 @@ class ReplyRunMachine(RuleBasedStateMachine):
         self.record = None
         self.stop_before_end = False  # a stop reached the run before the engine ended
         self.told_not_ours = False  # a heartbeat found the row another's while running
+        self.died_at = ""
         self.deltas_after_told = 0
 
     # -- set-up ------------------------------------------------------------------
@@ -200,22 +203,32 @@ class ReplyRunMachine(RuleBasedStateMachine):
 
     # -- the outside world ------------------------------------------------------------
 
+    # Rarer than the run's own steps (a draw of 0 acts), so that examples reach the
+    # finishing steps as often as the early ends.
+
     @precondition(lambda self: self.alive)
-    @rule()
-    def stop(self):
+    @rule(draw=st.integers(0, 2))
+    def stop(self, draw):
+        if draw:
+            return
         if self.pc in ("queued", "prepare", "generating") and not self.engine_ended:
             self.stop_before_end = True
         self.run.stop()
 
-    @rule()
-    def sweep(self):
+    @rule(draw=st.integers(0, 2))
+    def sweep(self, draw=0):
         """Another process finishes the reply as interrupted (its runner looked dead, or
         its heartbeat late), and announces it."""
+        if draw:
+            return
         orphans.interrupt(Message.objects.filter(pk=self.reply.pk))
 
     @precondition(lambda self: self.alive)
-    @rule()
-    def process_dies(self):
+    @rule(draw=st.integers(0, 4))
+    def process_dies(self, draw):
+        if draw:
+            return
+        self.died_at = self.pc
         self.pc, self.beat = "dead", "off"
 
     # -- the states, after every step ------------------------------------------------
@@ -288,6 +301,11 @@ class ReplyRunMachine(RuleBasedStateMachine):
         row = Message.objects.get(pk=self.reply.pk)
         assert not row.is_active, f"the reply's row is left {row.status}"
         dones = [e for e in events if e["type"] == "message.done"]
+        if self.pc == "dead" and self.died_at == "announcing" and not dones:
+            # Died between its final write and its message.done: no process can tell the
+            # two apart from a done sent. The page's socket died with the process; it
+            # reconnects and reads the final row (chat.js resync).
+            return
         assert len(dones) == 1, f"{len(dones)} message.done for one reply: {events}"
         done = dones[0]
         assert done["message"]["status"] == row.status
@@ -320,6 +338,8 @@ def machine(alice):
 
 def test_every_order_of_a_replys_events_ends_it_once_with_one_done(machine):
     run_state = machine.TestCase
-    run_state.settings = settings(max_examples=150, stateful_step_count=30, deadline=None,
+    # Derandomized, without an example database: every run explores the same orders.
+    run_state.settings = settings(max_examples=300, stateful_step_count=40, deadline=None,
+                                  derandomize=True, database=None,
                                   suppress_health_check=list(HealthCheck))
     run_state().runTest()
