@@ -46,6 +46,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
 from inference.gguf_file import GGUFFile
+from kernels import block_convert
 from kernels.quant_layout import GROUP, PAD, padded
 from kernels.quant_linear import QuantizedWeight, quantize
 
@@ -298,8 +299,14 @@ def _native_part(part, kind: str) -> QuantizedWeight | None:
 
 
 def _requantized_part(part, kind: str) -> QuantizedWeight:
-    chunks = [quantize(torch.from_numpy(part.values(i, i + CHUNK_ROWS)), kind)
-              for i in range(0, part.rows, CHUNK_ROWS)]
+    chunks = []
+    for i in range(0, part.rows, CHUNK_ROWS):
+        qw = None
+        if part.qtype == T.Q6_K and kind == "uint8":  # in one C pass, the same bytes
+            qw = block_convert.q6k_to_uint8(part.raw(i, i + CHUNK_ROWS), part.cols)
+        if qw is None:
+            qw = quantize(torch.from_numpy(part.values(i, i + CHUNK_ROWS)), kind)
+        chunks.append(qw)
     return _rows_of(chunks, part.perm)
 
 
@@ -319,7 +326,7 @@ def stored_weight(parts: list, kind: str) -> tuple[QuantizedWeight, int]:
     hold the file's blocks: all, on the first kind of KIND_ORDER[kind] whose grid holds
     every part; else each part on one kind, from its blocks where that kind holds them
     and quantized again from its values where not (Q6_K): uint8 where a part has more
-    than 4 bits a weight, so none loses bits, else kind. One part at a time: nothing of
+    than 4 bits a weight, so none loses bits (the head too), else kind. One part at a time: nothing of
     the model is dequantized but a re-quantized part, a chunk at a time."""
     for candidate in KIND_ORDER.get(kind, (kind,)):
         stored = []
@@ -330,8 +337,7 @@ def stored_weight(parts: list, kind: str) -> tuple[QuantizedWeight, int]:
             stored.append(qw)
         else:
             return _stacked(stored), sum(p.rows for p in parts)
-    wide = any(p.qtype not in NARROW_TYPES for p in parts) and kind != "int8"
-    target = "uint8" if wide else kind
+    target = "uint8" if any(p.qtype not in NARROW_TYPES for p in parts) else kind
     stored, native = [], 0
     for part in parts:
         qw = _native_part(part, target)

@@ -103,7 +103,7 @@ def test_served_weights_are_the_files(files, loaded, cache, family, mix):
             else:  # quantized again (Q6_K): within a step of an 8-bit grid (half a step
                 # and the fp16 rounding of its scale and offset), a quarter of Q6_K's
                 assert qtype == T.Q6_K
-                assert qw.kind == ("int8" if name == "lm_head" else "uint8"), name
+                assert qw.kind == "uint8", name
                 group = want[rows].reshape(-1, 32)
                 span = (group.abs().amax(-1) * 2 / 254 if qw.kind == "int8"
                         else (group.amax(-1) - group.amin(-1)) / 255)
