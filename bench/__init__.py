@@ -37,6 +37,8 @@
     python -m bench agreement           greedy tokens equal to llama.cpp's on the same GGUF
     python -m bench kv-dtype            single-stream decode over long contexts with fp32
                                         and with bf16 K/V
+    python -m bench load                thirty chat pages at once for --rounds (10):
+                                        every reply's one message.done; hangs counted
     python -m bench model-sizes         random-weight GGUFs of 1B, 3B and 8B shapes: start
                                         time, memory, decode (bandwidth roofline) and a
                                         cold prompt, ours against llama.cpp on each file
@@ -78,6 +80,7 @@ SUBCOMMANDS = {
     "agreement": "bench.agreement",
     "kv-dtype": "bench.kv_dtype",
     "model-sizes": "bench.model_sizes",
+    "load": "bench.load",
 }
 
 
