@@ -47,7 +47,7 @@ from gguf.quants import Q4_K, dequantize
 
 from inference.gguf_file import GGUFFile
 from kernels import block_convert
-from kernels.quant_layout import GROUP, PAD, padded
+from kernels.quant_layout import GROUP, PAD, padded, stored_layout
 from kernels.quant_linear import QuantizedWeight, quantize
 
 log = logging.getLogger(__name__)
@@ -279,45 +279,70 @@ def same_bytes(raw: np.ndarray, qtype: GGMLQuantizationType, kind: str,
                            torch.from_numpy(np.ascontiguousarray(scale)), cols)
 
 
-def _native_part(part, kind: str) -> QuantizedWeight | None:
-    """One file tensor's rows on kind's grid (in transformers' row order), or None."""
-    if kind not in NATIVE_KINDS.get(part.qtype, ()):
-        return None
-    chunks = []
+class _Rows:
+    """A layer's stored tensors, laid out once (kernels.quant_layout) and filled a chunk
+    of a part at a time: each chunk is copied once, to its rows in transformers' order."""
+
+    def __init__(self, kind: str, rows: int, cols: int):
+        layout = stored_layout(kind, rows, cols)
+        self.kind, self.cols = kind, cols
+        self.data = torch.empty(layout["data"][1], dtype=layout["data"][0])
+        self.scale = torch.empty(layout["scale"][1], dtype=layout["scale"][0])
+
+    def put(self, chunk: QuantizedWeight, start: int, rows: np.ndarray | None) -> None:
+        """chunk's rows at start (and on), or at the rows given."""
+        if rows is None:
+            self.data[start : start + chunk.out_features].copy_(chunk.data)
+            self.scale[start : start + chunk.out_features].copy_(chunk.scale)
+        else:
+            index = torch.from_numpy(rows)
+            self.data.index_copy_(0, index, chunk.data)
+            self.scale.index_copy_(0, index, chunk.scale)
+
+    def weight(self) -> QuantizedWeight:
+        return QuantizedWeight(self.kind, self.data, self.scale, self.cols)
+
+
+def _chunks(part, out: _Rows, offset: int, convert) -> bool:
+    """Fill part's rows of out (from offset) with convert(raw rows) a chunk at a time;
+    False, leaving out half filled, where convert gives None."""
+    inverse = None if part.perm is None else np.argsort(part.perm)
     for i in range(0, part.rows, CHUNK_ROWS):
-        raw = part.raw(i, i + CHUNK_ROWS)
+        qw = convert(part.raw(i, i + CHUNK_ROWS), i)
+        if qw is None:
+            return False
+        rows = None if inverse is None else offset + inverse[i : i + qw.out_features]
+        out.put(qw, offset + i, rows)
+    return True
+
+
+def _native_part(part, out: _Rows, offset: int) -> bool:
+    """part's rows on out's grid from its blocks, or False where it cannot hold them."""
+    kind = out.kind
+    if kind not in NATIVE_KINDS.get(part.qtype, ()):
+        return False
+
+    def convert(raw: np.ndarray, _start: int) -> QuantizedWeight | None:
         qw = same_bytes(raw, part.qtype, kind, part.cols)
         if qw is not None:
-            chunks.append(qw)
-            continue
+            return qw
         rows = affine_rows(raw, part.qtype, part.cols)
-        qw = None if rows is None else to_kind(rows, kind)
-        if qw is None:
-            return None
-        chunks.append(qw)
-    return _rows_of(chunks, part.perm)
+        return None if rows is None else to_kind(rows, kind)
+
+    return _chunks(part, out, offset, convert)
 
 
-def _requantized_part(part, kind: str) -> QuantizedWeight:
-    chunks = []
-    for i in range(0, part.rows, CHUNK_ROWS):
-        qw = None
-        if part.qtype == T.Q6_K and kind == "uint8":  # in one C pass, the same bytes
-            qw = block_convert.q6k_to_uint8(part.raw(i, i + CHUNK_ROWS), part.cols)
-        if qw is None:
-            qw = quantize(torch.from_numpy(part.values(i, i + CHUNK_ROWS)), kind)
-        chunks.append(qw)
-    return _rows_of(chunks, part.perm)
+def _requantized_part(part, out: _Rows, offset: int) -> None:
+    """part's rows quantized again onto out's grid from the file's values."""
 
+    def convert(raw: np.ndarray, start: int) -> QuantizedWeight:
+        if part.qtype == T.Q6_K and out.kind == "uint8":  # in one C pass, the same bytes
+            qw = block_convert.q6k_to_uint8(raw, part.cols)
+            if qw is not None:
+                return qw
+        return quantize(torch.from_numpy(part.values(start, start + len(raw))), out.kind)
 
-def _rows_of(chunks: list[QuantizedWeight], perm: np.ndarray | None) -> QuantizedWeight:
-    first = chunks[0]
-    data = torch.cat([c.data for c in chunks]) if len(chunks) > 1 else first.data
-    scale = torch.cat([c.scale for c in chunks]) if len(chunks) > 1 else first.scale
-    if perm is not None:
-        index = torch.from_numpy(perm)
-        data, scale = data.index_select(0, index), scale.index_select(0, index)
-    return QuantizedWeight(first.kind, data, scale, first.in_features)
+    _chunks(part, out, offset, convert)
 
 
 def stored_weight(parts: list, kind: str) -> tuple[QuantizedWeight, int]:
@@ -326,34 +351,27 @@ def stored_weight(parts: list, kind: str) -> tuple[QuantizedWeight, int]:
     hold the file's blocks: all, on the first kind of KIND_ORDER[kind] whose grid holds
     every part; else each part on one kind, from its blocks where that kind holds them
     and quantized again from its values where not (Q6_K): uint8 where a part has more
-    than 4 bits a weight, so none loses bits (the head too), else kind. One part at a time: nothing of
-    the model is dequantized but a re-quantized part, a chunk at a time."""
+    than 4 bits a weight, so none loses bits (the head too), else kind. A chunk of a
+    part at a time: nothing of the model is dequantized but a re-quantized chunk."""
+    total, cols = sum(p.rows for p in parts), parts[0].cols
     for candidate in KIND_ORDER.get(kind, (kind,)):
-        stored = []
+        out, offset = _Rows(candidate, total, cols), 0
         for part in parts:
-            qw = _native_part(part, candidate)
-            if qw is None:
+            if not _native_part(part, out, offset):
                 break
-            stored.append(qw)
+            offset += part.rows
         else:
-            return _stacked(stored), sum(p.rows for p in parts)
+            return out.weight(), total
     target = "uint8" if any(p.qtype not in NARROW_TYPES for p in parts) else kind
-    stored, native = [], 0
+    out, offset, native = _Rows(target, total, cols), 0, 0
     for part in parts:
-        qw = _native_part(part, target)
-        if qw is None:
-            qw = _requantized_part(part, target)
-        else:
+        if _native_part(part, out, offset):
             native += part.rows
-        stored.append(qw)
-    return _stacked(stored), native
+        else:
+            _requantized_part(part, out, offset)
+        offset += part.rows
+    return out.weight(), native
 
-
-def _stacked(parts: list[QuantizedWeight]) -> QuantizedWeight:
-    if len(parts) == 1:
-        return parts[0]
-    return QuantizedWeight(parts[0].kind, torch.cat([p.data for p in parts]),
-                           torch.cat([p.scale for p in parts]), parts[0].in_features)
 
 def dequantize_tensor(tensor, rows: slice = slice(None)) -> np.ndarray:
     """A GGUF reader tensor (or some of its rows) as fp32 [rows, cols] (numpy order:

@@ -19,7 +19,7 @@ from kernels.quant_linear import QuantizedWeight
 CSRC = Path(__file__).resolve().parent / "csrc" / "blocks"
 SOURCES = (CSRC / "q6k.c",)
 # No contraction into FMAs: the same roundings as the numpy and torch ops it replaces.
-CFLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno")
+CFLAGS = ("-O3", "-std=c11", "-fopenmp", "-ffp-contract=off", "-fno-math-errno")
 Q6_K_BLOCK, Q6_K_BYTES = 256, 210
 
 

@@ -19,6 +19,7 @@ static float widen(_Float16 h) { return (float)h; }
 
 void q6k_to_uint8(const uint8_t *blocks, int64_t nblocks, uint8_t *levels, _Float16 *scales)
 {
+#pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < nblocks; b++) {
         const uint8_t *blk = blocks + b * BLOCK_BYTES;
         const uint8_t *ql = blk, *qh = blk + QK / 2;
