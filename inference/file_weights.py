@@ -135,3 +135,33 @@ def load(model, checkpoint: GGUFCheckpoint, kind: str, cache_dir: Path | None) -
              "mapped from the cache" if cached is not None else "built",
              time.perf_counter() - started)
     return cached is not None
+
+
+def prepare(model: str, weight_dtype: str | None, cache_dir: str | None) -> Path | None:
+    """Store a GGUF model's weights in the model cache ahead of its engines (docker's
+    init), so that processes starting together do not each build them; the cache
+    file, or None where the model is no GGUF file or keeps no stored kind."""
+    from inference.loader import (
+        auto_weight_dtype,
+        load_weights,
+        model_cache_dir,
+        resolve_model_path,
+    )
+    from inference.models.registry import build_model
+
+    path = resolve_model_path(model, cache_dir)
+    kind = weight_dtype or "auto"
+    if kind == "auto":
+        kind = auto_weight_dtype(model, path, cache_dir)
+    loaded = load_weights(path)
+    if kind not in ("int8", "int4") or not isinstance(loaded.state_dict, GGUFCheckpoint):
+        return None
+    checkpoint = loaded.state_dict
+    target = cache_path(checkpoint.path, kind, model_cache_dir(cache_dir))
+    with torch.device("cpu"):
+        skeleton = build_model(loaded.config)
+    if _load_cache(target, skeleton, kind) is None:
+        weights, native = build(skeleton, checkpoint, kind)
+        _save_cache(target, weights, native, kind)
+    checkpoint.close()
+    return target

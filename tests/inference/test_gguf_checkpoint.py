@@ -198,3 +198,15 @@ def load_config_for(path):
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def test_weights_prepared_ahead_are_what_an_engine_maps(files, tmp_path):
+    """docker's init stores the weights before web and workers start: an engine then
+    maps that file rather than building its own."""
+    path = files("llama", "Q4_K_M")
+    stored = file_weights.prepare(str(path), None, str(tmp_path))
+    assert stored is not None and stored.exists()
+    before = stored.stat().st_mtime_ns
+    eng = engine(path, tmp_path)
+    assert stored.stat().st_mtime_ns == before and list(tmp_path.glob("*.pt")) == [stored]
+    assert eng.generate([PROMPT], SamplingParams(max_tokens=2, temperature=0))[0][0].token_ids
