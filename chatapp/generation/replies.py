@@ -230,8 +230,9 @@ async def run_reply(reply_id: int, *, lease: str = "") -> dict:
     (lifecycle.reply_claim): the reply is written only while the claim holds, and a stop
     asked for by another process is polled for."""
     run = _new_run(reply_id, lease)
-    if run.task is not None:  # generated here already, for another caller
-        return await asyncio.shield(run.task)
+    if run.task is not None:  # generated here already, for another caller: its result
+        await run.over.wait()
+        return await database_sync_to_async(_final_dict)(reply_id)
     run.task = asyncio.current_task()
     return await _drive(run)
 
@@ -239,8 +240,8 @@ async def run_reply(reply_id: int, *, lease: str = "") -> dict:
 async def ended(reply_id: int) -> None:
     """Until this process no longer generates the reply."""
     run = RUNS.get(reply_id)
-    if run is not None and run.task is not None and run.task is not asyncio.current_task():
-        await asyncio.wait([run.task])
+    if run is not None:
+        await run.over.wait()
 
 
 async def _drive(run: ReplyRun) -> dict:
@@ -264,6 +265,7 @@ async def _drive(run: ReplyRun) -> dict:
         for watcher in watchers:
             watcher.cancel()
         RUNS.remove(run)
+        run.over.set()
 
 
 def reply_model(reply_id: int) -> str:

@@ -20,6 +20,7 @@ them as the event loop may.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 
@@ -61,6 +62,7 @@ class ReplyRun:
         self.stop_asked = False
         self.engine = None  # the engine generating it, once known (to abort)
         self.task = None  # the asyncio task running it here, if any
+        self.over = asyncio.Event()  # set once it has left this process's runs
         self.group = ""
         self.builder = None
         self.prepared = None  # replies.Prepared

@@ -39,7 +39,8 @@ from chatapp.generation.runs import FINAL_STATES, ReplyRun, RunState
 from chatapp.prompts.services import builder_for
 from inference.outputs import RequestOutput
 
-pytestmark = [pytest.mark.model, pytest.mark.django_db]
+# Not marked `model`: it loads the tokenizer only (and .ci/run runs it on SQLite too).
+pytestmark = pytest.mark.django_db
 
 TEXT = "One, two, three, four, five, six, seven, eight, nine, ten."
 PROMPT_TOKENS = 40
@@ -279,7 +280,7 @@ class ReplyRunMachine(RuleBasedStateMachine):
             events = []
             while True:
                 try:
-                    message = await asyncio.wait_for(self.layer.receive(self.channel), 0.05)
+                    message = await asyncio.wait_for(self.layer.receive(self.channel), 0.02)
                 except TimeoutError:
                     return events
                 events.append(message["event"])
