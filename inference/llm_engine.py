@@ -20,7 +20,7 @@ from inference.miss_reason import SALT
 from inference.model_runner import ModelRunner
 from inference.models.registry import text_config
 from inference.outputs import RequestOutput
-from inference.sampler import sample, token_logprobs
+from inference.sampler import adjust_logits, sample, token_logprobs
 from inference.sampling_params import InvalidRequestError, SamplingParams, check_context_length
 from inference.scheduler import Scheduler
 from inference.sequence import Sequence
@@ -135,6 +135,9 @@ class LLMEngine:
         check_context_length(len(prompt_token_ids), self.max_model_len)
         if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in prompt_token_ids):
             raise InvalidRequestError(f"token ids must lie in [0, {self.vocab_size})", "prompt")
+        if any(t >= self.vocab_size for t in params.logit_bias):
+            raise InvalidRequestError(
+                f"logit_bias token ids must lie in [0, {self.vocab_size})", "logit_bias")
         check_request_id_free(request_id, self.requests)
 
     def compile_grammar(self, params: SamplingParams) -> None:
@@ -189,8 +192,10 @@ class LLMEngine:
         ]
         try:
             logits = self.runner.execute(sched.seqs, sched.num_tokens)
+            # Penalties and logit_bias first: logprobs are of the distribution they leave.
+            logits = adjust_logits(logits, sampling) if sampling else logits
             # Constrained rows masked by their grammars (a copy when logprobs must still
-            # see the model's own distribution); other rows as the model gave them.
+            # see the distribution before the mask); other rows as they are.
             keep = any(s.params.logprobs is not None for s in sampling)
             masked = mask_logits(logits, sampling, keep) if sampling else logits
             tokens = sample(masked, sampling) if sampling else []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -40,6 +41,16 @@ def check_context_length(prompt_tokens: int, max_model_len: int,
 
 
 MAX_LOGPROBS = 20
+# OpenAI's bounds: penalties in [-2, 2], a bias in [-100, 100] (-100 bans a token, 100
+# all but forces it). MAX_LOGIT_BIAS bounds the entries of one request, and so its work.
+MAX_PENALTY = 2.0
+MAX_BIAS = 100.0
+MAX_LOGIT_BIAS = 1024
+
+
+def _real(value: object) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and math.isfinite(value))
 
 
 @dataclass
@@ -48,6 +59,15 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off; else keep tokens with p >= min_p * the top token's p
+    # Penalties on tokens already generated (presence: once; frequency: per occurrence),
+    # OpenAI's; repetition_penalty (1 = off) divides the logits of tokens in the prompt or
+    # the output, as transformers and vLLM do (inference.sampler.adjust_logits).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # token id -> bias added to its logit, in [-100, 100].
+    logit_bias: dict[int, float] = field(default_factory=dict)
     n: int = 1
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
@@ -72,6 +92,16 @@ class SamplingParams:
             raise InvalidRequestError("top_p must be in (0, 1]", "top_p")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidRequestError("top_k must be an integer >= 0", "top_k")
+        if not _real(self.min_p) or not 0 <= self.min_p <= 1:
+            raise InvalidRequestError("min_p must be in [0, 1]", "min_p")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _real(value) or abs(value) > MAX_PENALTY:
+                raise InvalidRequestError(f"{name} must be in [-2, 2]", name)
+        if not _real(self.repetition_penalty) or not 0 < self.repetition_penalty <= 10:
+            raise InvalidRequestError("repetition_penalty must be in (0, 10]",
+                                      "repetition_penalty")
+        self._check_logit_bias()
         if not isinstance(self.n, int) or self.n < 1:
             raise InvalidRequestError("n must be an integer >= 1", "n")
         if self.logprobs is not None and (
@@ -86,6 +116,23 @@ class SamplingParams:
             self.stop = [self.stop]
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must be non-empty strings", "stop")
+
+    def _check_logit_bias(self) -> None:
+        bias = self.logit_bias
+        if not isinstance(bias, dict):
+            raise InvalidRequestError("logit_bias must map token ids to numbers", "logit_bias")
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens",
+                                      "logit_bias")
+        for token, value in bias.items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise InvalidRequestError(
+                    f"logit_bias keys must be token ids (integers >= 0), got {token!r}",
+                    "logit_bias")
+            if not _real(value) or abs(value) > MAX_BIAS:
+                raise InvalidRequestError(
+                    f"logit_bias values must be in [-100, 100], got {value!r} for token {token}",
+                    "logit_bias")
 
     @property
     def greedy(self) -> bool:
