@@ -42,7 +42,8 @@ def check_context_length(prompt_tokens: int, max_model_len: int,
 
 MAX_LOGPROBS = 20
 # OpenAI's bounds: penalties in [-2, 2], a bias in [-100, 100] (-100 bans a token, 100
-# all but forces it). MAX_LOGIT_BIAS bounds the entries of one request, and so its work.
+# all but forces it). A repetition penalty above 2 only garbles text: (0, 2].
+# MAX_LOGIT_BIAS bounds the entries of one request, and so its work.
 MAX_PENALTY = 2.0
 MAX_BIAS = 100.0
 MAX_LOGIT_BIAS = 1024
@@ -98,8 +99,8 @@ class SamplingParams:
             value = getattr(self, name)
             if not _real(value) or abs(value) > MAX_PENALTY:
                 raise InvalidRequestError(f"{name} must be in [-2, 2]", name)
-        if not _real(self.repetition_penalty) or not 0 < self.repetition_penalty <= 10:
-            raise InvalidRequestError("repetition_penalty must be in (0, 10]",
+        if not _real(self.repetition_penalty) or not 0 < self.repetition_penalty <= 2:
+            raise InvalidRequestError("repetition_penalty must be in (0, 2]",
                                       "repetition_penalty")
         self._check_logit_bias()
         if not isinstance(self.n, int) or self.n < 1:

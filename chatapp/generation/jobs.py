@@ -24,6 +24,13 @@ class Options:
     default_max_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # (token id, bias) pairs: a tuple keeps the job hashable and JSON-safe (int keys).
+    logit_bias: tuple[tuple[int, float], ...] = ()
     n: int = 1
     seed: int | None = None
     stop: tuple[str, ...] = ()
@@ -51,6 +58,7 @@ class Job:
         """The job dataclasses.asdict() made, after a trip through JSON (tuples as lists)."""
         options = dict(data.get("options") or {})
         options["stop"] = tuple(options.get("stop") or ())
+        options["logit_bias"] = tuple(tuple(p) for p in options.get("logit_bias") or ())
         return cls(**{**data, "prompt_ids": tuple(data["prompt_ids"]),
                       "options": Options(**options)})
 
@@ -82,6 +90,12 @@ def sampling_params(job: Job, *, max_model_len: int, tokenizer):
         max_tokens=max_tokens,
         temperature=opts.temperature,
         top_p=opts.top_p,
+        top_k=opts.top_k,
+        min_p=opts.min_p,
+        presence_penalty=opts.presence_penalty,
+        frequency_penalty=opts.frequency_penalty,
+        repetition_penalty=opts.repetition_penalty,
+        logit_bias=dict(opts.logit_bias),
         n=opts.n,
         seed=opts.seed,
         stop=list(opts.stop),
@@ -113,16 +127,8 @@ class Choice:
     engine_reason: str | None = None  # "stop" | "length" | "abort" | "error", once finished
     error: str | None = None
     started: bool = False  # a stream has sent this sample's first chunk
-    # Its tokens' log-probabilities, when asked for (inference.sampler.TokenLogprob), and
-    # how many of them a stream has sent.
+    # Its tokens' log-probabilities, when asked for (inference.sampler.TokenLogprob).
     logprobs: list = field(default_factory=list)
-    logprobs_sent: int = 0
-
-    def unsent_logprobs(self) -> list:
-        """The entries a stream has not sent yet (and counts them sent)."""
-        out = self.logprobs[self.logprobs_sent:]
-        self.logprobs_sent = len(self.logprobs)
-        return out
 
     @property
     def finish_reason(self) -> str | None:

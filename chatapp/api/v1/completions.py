@@ -20,7 +20,7 @@ from django.conf import settings
 from chatapp.api import selectors, services
 from chatapp.api.errors import OpenAIError, internal, invalid
 from chatapp.api.models import ApiKey
-from chatapp.api.v1.logprobs import logprobs_object
+from chatapp.api.v1.logprobs import ContentLogprobs, logprobs_object
 from chatapp.api.v1.parsing import CompletionRequest
 from chatapp.api.v1.tool_params import calls_key
 from chatapp.chat.errors import sentence
@@ -139,6 +139,12 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, model: str = "") 
             default_max_tokens=settings.API_DEFAULT_MAX_TOKENS,
             temperature=req.temperature,
             top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
+            logit_bias=tuple(req.logit_bias.items()),
             n=req.n,
             seed=req.seed,
             stop=tuple(req.stop),
@@ -195,6 +201,8 @@ class Completion:
     created: int = field(default_factory=lambda: int(time.time()))
     _calls: dict = field(default_factory=dict)  # choice index -> tool_calls() result
     _sent: dict = field(default_factory=dict)  # choice index -> characters streamed
+    _streamed: dict = field(default_factory=dict)  # choice index -> content streamed
+    _aligned: dict = field(default_factory=dict)  # choice index -> ContentLogprobs
 
     def check(self, out) -> None:
         """A sample that failed inside the engine fails the response (no internals shown)."""
@@ -305,18 +313,22 @@ class Completion:
             {
                 "index": c.index,
                 "message": self.message(c),
-                "logprobs": self.logprobs(c.logprobs),
+                "logprobs": self.logprobs(c, self.message(c)["content"] or "", final=True),
                 "finish_reason": self.finish_reason(c),
             }
             for c in sorted(self.generation.choices.values(), key=lambda c: c.index)
         ]
         return self._body("chat.completion", choices, usage=self.usage())
 
-    def logprobs(self, entries: list) -> dict | None:
-        """The `logprobs` of a choice (or a chunk's part of it); None when not asked for."""
+    def logprobs(self, choice, content: str, final: bool) -> dict | None:
+        """The `logprobs` of a choice's tokens that `content` (its content so far, or all
+        of it when `final`) covers and earlier calls did not hand out: a body's whole
+        list, or a chunk's part of it; None when not asked for."""
         if not self.req.logprobs:
             return None
-        return logprobs_object(self.tokenizer, entries)
+        if choice.index not in self._aligned:
+            self._aligned[choice.index] = ContentLogprobs(self.tokenizer)
+        return logprobs_object(self._aligned[choice.index].take(choice.logprobs, content, final))
 
     # -- the stream: every chat.completion.chunk is shaped here ---------------------
 
@@ -337,21 +349,22 @@ class Completion:
         choice = self.generation.choices[out.index]
         chunks = []
         text = self.stream_text(choice, out)
+        streamed = self._streamed[out.index] = self._streamed.get(out.index, "") + text
         if text or not choice.started:
             delta = {"content": text}
             if not choice.started:
                 delta = {"role": "assistant", **delta}
                 choice.started = True
             chunks.append(self.chunk([self._chunk_choice(
-                out.index, delta, logprobs=self.logprobs(choice.unsent_logprobs()))]))
+                out.index, delta, logprobs=self.logprobs(choice, streamed, final=False))]))
         if out.finished:
             calls = self.stream_calls(choice)
             if calls:
                 chunks.append(self.chunk([self._chunk_choice(out.index, {"tool_calls": calls})]))
-            # Tokens whose text was held back (a possible stop string) end here.
+            # The rest of the content's tokens (one a stop string began inside) end here.
             chunks.append(self.chunk([self._chunk_choice(
                 out.index, {}, self.finish_reason(choice),
-                logprobs=self.logprobs(choice.unsent_logprobs()))]))
+                logprobs=self.logprobs(choice, streamed, final=True))]))
         return chunks
 
     async def stream_chunks(self) -> AsyncIterator[dict]:

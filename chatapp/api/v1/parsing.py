@@ -3,8 +3,8 @@
 Wrong types and out-of-range values become OpenAIError(400) naming the field, so a
 client sees what it got wrong; nothing malformed reaches the prompt builder or the
 engine. The body is decoded by the one bounded JSON decoder (chatapp.api.json_body:
-depth, size, NaN, repeated keys). Fields we would not honour (tools, penalties, ...) are
-refused, never ignored: see unsupported.py.
+depth, size, NaN, repeated keys). Fields we would not honour (audio, ...) and names we
+do not know are refused, never ignored: see unsupported.py.
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ class CompletionRequest:
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> bias
     n: int = 1
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
@@ -221,6 +227,7 @@ def parse_completion_request(data: dict) -> CompletionRequest:
         truncation=_truncation(data.get("truncation")),
         **_structure(data),
         **_logprobs(data),
+        **_sampling(data),
     )
 
 
@@ -299,3 +306,43 @@ def _response_format(value) -> str | None:
         raise _format_error("response_format.json_schema.schema", "is required and must be a "
                             "JSON Schema object.", "invalid_type")
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+
+
+MAX_LOGIT_BIAS = 1024  # entries, the engine's bound (inference.sampling_params)
+
+
+def _sampling(data: dict) -> dict:
+    """Penalties (OpenAI's ranges), logit_bias, and the common extensions top_k (-1 or 0:
+    off), min_p and repetition_penalty (1: off), as vLLM and llama.cpp take them."""
+    top_k = _int(data, "top_k", -1, 2**31 - 1)
+    return {
+        "presence_penalty": _number(data, "presence_penalty", 0.0, -2.0, 2.0),
+        "frequency_penalty": _number(data, "frequency_penalty", 0.0, -2.0, 2.0),
+        "repetition_penalty": _number(data, "repetition_penalty", 1.0, 0.0, 2.0, lo_open=True),
+        "min_p": _number(data, "min_p", 0.0, 0.0, 1.0),
+        "top_k": max(top_k or 0, 0),
+        "logit_bias": _logit_bias(data.get("logit_bias")),
+    }
+
+
+def _logit_bias(value) -> dict[int, float]:
+    """`logit_bias`: {"token id": bias in [-100, 100]}, ids as JSON keys (strings) of
+    decimal integers; whether an id is in the vocabulary is the engine's check."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _bad("logit_bias", "must be an object mapping token ids to numbers.",
+                   "invalid_type")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise _bad("logit_bias", f"takes at most {MAX_LOGIT_BIAS} tokens.")
+    bias = {}
+    for key, number in value.items():
+        if not (key.isascii() and key.isdigit()) or len(key) > 9:
+            raise _bad("logit_bias", f"keys must be token ids (decimal integers); got "
+                       f"{quoted(key)}.")
+        if (isinstance(number, bool) or not isinstance(number, int | float)
+                or not math.isfinite(number) or not -100 <= number <= 100):
+            raise _bad("logit_bias", f"values must be numbers in [-100, 100]; got "
+                       f"{quoted(number)} for token {key}.")
+        bias[int(key)] = float(number)
+    return bias

@@ -1,26 +1,33 @@
-"""Chat-completions fields this server does not honour: refused, never silently ignored.
+"""Which chat-completions fields we read, which we ignore, and which we refuse.
 
-A client that sends `functions` and gets a 200 believes it got a call. So each field
-below that changes what is generated, or what the reply carries, is a 400
-(`unsupported_parameter`, naming the field) unless its value asks for nothing beyond what
-we do anyway: null, or the "neutral" value listed (`presence_penalty: 0`, `functions: []`,
-...). Stock SDKs send neither null nor these fields
-unless the caller set them, so they keep working.
+Every field of a body is one of three kinds; anything else is refused:
 
-Ignored on purpose, because they do not change the reply: `metadata`, `service_tier`,
-`prompt_cache_key` and `prompt_cache_retention` (our prefix cache needs no hint),
-`safety_identifier` (like `user`). Names OpenAI does not define are ignored too, as
-OpenAI-compatible servers do, except the common sampling extensions of other servers
-(`top_k`, `min_p`, `repetition_penalty`), which would change the reply.
+- HONOURED: read and applied by parsing.py (our extensions `cache_salt`,
+  `prefix_cache_receipt` and `truncation` among them).
+- IGNORED: sent by OpenAI clients, and without effect on the reply, so accepted and
+  ignored: `metadata`, `service_tier`, `prompt_cache_key`, `prompt_cache_options` and
+  `prompt_cache_retention` (our prefix cache needs no hint), `safety_identifier` (like
+  `user`).
+- UNSUPPORTED: OpenAI fields that change what is generated, or what the reply carries,
+  which we do not do. A client that sends `functions` and gets a 200 believes it got a
+  call, so each is a 400 (`unsupported_parameter`, naming the field) unless its value
+  asks for nothing beyond what we do anyway: null, or the "neutral" value listed
+  (`functions: []`, `store: false`, ...).
 
-To implement a field, delete its entry here and parse it in parsing.py.
+A name in none of them is a 400 `unknown_parameter` naming it (with the nearest known
+name, for a typo such as `max_token`): a misspelt field is never silently dropped. Stock
+SDKs send only the fields their caller set, so they keep working.
+
+To implement an unsupported field, move it to HONOURED and parse it in parsing.py.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 
 from chatapp.api.errors import invalid
+from chatapp.echo import quoted
 
 
 def _never(value: object) -> bool:
@@ -32,9 +39,19 @@ def _equals(*neutral: object) -> Callable[[object], bool]:
     return lambda value: any(type(value) is type(n) and value == n for n in neutral)
 
 
-def _zero(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and value == 0
+HONOURED = frozenset({
+    "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logit_bias", "n", "stop", "seed", "user", "logprobs",
+    "top_logprobs", "response_format", "tools", "tool_choice", "parallel_tool_calls",
+    # Ours.
+    "cache_salt", "prefix_cache_receipt", "truncation",
+})
 
+IGNORED = frozenset({
+    "metadata", "service_tier", "prompt_cache_key", "prompt_cache_options",
+    "prompt_cache_retention", "safety_identifier",
+})
 
 UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     # Tool and function calling.
@@ -47,23 +64,29 @@ UNSUPPORTED: dict[str, Callable[[object], bool]] = {
     "web_search_options": _never,
     "reasoning_effort": _never,
     "verbosity": _never,
+    "moderation": _never,
     "store": _equals(False),
-    # Sampling we do not apply.
-    "logit_bias": _equals({}),
-    "frequency_penalty": _zero,
-    "presence_penalty": _zero,
-    "top_k": _equals(-1, 0),
-    "min_p": _zero,
-    "repetition_penalty": _equals(1, 1.0),
 }
+
+_KNOWN = sorted(HONOURED | IGNORED | set(UNSUPPORTED))
 
 
 def refuse_unsupported(data: dict) -> None:
-    """OpenAIError(400) for the first field present that we would not honour."""
-    for name, is_neutral in UNSUPPORTED.items():
-        value = data.get(name)
-        if value is not None and not is_neutral(value):
-            raise invalid(
-                f"'{name}' is not supported by this server; remove it from the request.",
-                name, "unsupported_parameter",
-            )
+    """OpenAIError(400) for the first field present that we would not honour, or do not
+    know at all."""
+    for name in data:
+        if name in HONOURED or name in IGNORED:
+            continue
+        if name in UNSUPPORTED:
+            value = data[name]
+            if value is not None and not UNSUPPORTED[name](value):
+                raise invalid(
+                    f"'{name}' is not supported by this server; remove it from the request.",
+                    name, "unsupported_parameter",
+                )
+            continue
+        label = name if len(name) <= 64 else quoted(name)
+        near = difflib.get_close_matches(name[:64], _KNOWN, n=1)
+        hint = f" Did you mean '{near[0]}'?" if near else ""
+        raise invalid(f"Unrecognized request argument supplied: {quoted(name)}.{hint}",
+                      label, "unknown_parameter")

@@ -19,7 +19,7 @@ from chatapp.api.ratelimit import limiter
 from chatapp.api.serializers import MessageCreateSerializer
 from chatapp.api.v1.parsing import parse_completion_request
 from chatapp.api.v1.tool_params import calls_key
-from chatapp.api.v1.unsupported import UNSUPPORTED
+from chatapp.api.v1.unsupported import HONOURED, UNSUPPORTED
 from chatapp.body_timeout import BodyTimeoutMiddleware
 from chatapp.chat import services as chat_services
 from chatapp.chat.errors import InvalidInput
@@ -155,13 +155,10 @@ def test_other_quoted_input_is_echoed_briefly(client, auth):
 REFUSED = {
     "functions": [{"name": "f"}],
     "function_call": "auto",
-    "logit_bias": {"50256": -100},
-    "frequency_penalty": 0.5,
-    "presence_penalty": -1,
     "store": True,
     "audio": {"voice": "alloy", "format": "wav"},
     "modalities": ["text", "audio"],
-    "top_k": 40,
+    "moderation": {"input": {"mode": "block"}},
 }
 NEUTRAL = {
     "tools": [], "tool_choice": "none", "functions": [], "logprobs": False, "frequency_penalty": 0,
@@ -169,6 +166,7 @@ NEUTRAL = {
     "store": False, "modalities": ["text"], "top_logprobs": None,
     # Hints that do not change the reply.
     "metadata": {"a": "b"}, "service_tier": "auto", "prompt_cache_key": "k",
+    "prompt_cache_options": {"ttl": "1h"}, "safety_identifier": "s", "user": "u",
 }
 
 
@@ -189,6 +187,83 @@ def test_neutral_values_pass_the_check(client, auth):
     # An unknown model answers 404 after the body is parsed: these passed the check.
     body = json.dumps({"model": "no-such-model", "messages": HELLO, **NEUTRAL}).encode()
     openai_error(post_raw(client, V1, body, auth), 404, "model_not_found")
+
+
+@pytest.mark.parametrize("name, hint", [
+    ("max_token", "Did you mean 'max_tokens'?"),
+    ("temprature", "Did you mean 'temperature'?"),
+    ("foo", ""),
+])
+def test_an_unknown_field_is_refused_by_name(client, auth, name, hint):
+    body = json.dumps({"model": "no-such-model", "messages": HELLO, name: 1}).encode()
+    error = openai_error(post_raw(client, V1, body, auth), 400, "unknown_parameter")
+    assert error["param"] == name and f"'{name}'" in error["message"]
+    assert hint in error["message"]
+
+
+def test_a_huge_unknown_field_name_is_echoed_briefly(client, auth):
+    body = json.dumps({"model": MODEL, "messages": HELLO, "x" * 100_000: 1}).encode()
+    response = post_raw(client, V1, body, auth)
+    openai_error(response, 400, "unknown_parameter")
+    assert len(response.content) < 1000
+
+
+class _Reads(dict):
+    """A body that records which fields the parser looked at."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def test_the_honoured_list_is_what_the_parser_reads():
+    body = _Reads({"model": MODEL, "messages": HELLO})
+    parse_completion_request(body)
+    assert body.read - {"messages"} <= HONOURED and "messages" in HONOURED
+    # Every field it reads, it reads from any body; so the list is exactly those.
+    assert body.read == HONOURED
+
+
+SAMPLING = {"presence_penalty": 0.5, "frequency_penalty": -1.5, "repetition_penalty": 1.2,
+            "top_k": 40, "min_p": 0.05, "logit_bias": {"50": -100, "7": 2.5}}
+
+
+def test_sampling_fields_are_parsed():
+    req = parse_completion_request({"model": MODEL, "messages": HELLO, **SAMPLING})
+    assert (req.presence_penalty, req.frequency_penalty, req.repetition_penalty, req.top_k,
+            req.min_p) == (0.5, -1.5, 1.2, 40, 0.05)
+    assert req.logit_bias == {50: -100.0, 7: 2.5}
+    off = parse_completion_request({"model": MODEL, "messages": HELLO, "top_k": -1})
+    assert off.top_k == 0 and off.logit_bias == {} and off.repetition_penalty == 1.0
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("presence_penalty", 2.5, "must be in [-2, 2]"),
+    ("frequency_penalty", "1", "must be a number"),
+    ("repetition_penalty", 0, "must be in (0, 2]"),
+    ("repetition_penalty", 3, "must be in (0, 2]"),
+    ("top_k", 1.5, "must be an integer"),
+    ("top_k", -2, "must be at least -1"),
+    ("min_p", 1.5, "must be in [0, 1]"),
+    ("logit_bias", [1, 2], "must be an object"),
+    ("logit_bias", {"abc": 1}, "keys must be token ids"),
+    ("logit_bias", {"-5": 1}, "keys must be token ids"),
+    ("logit_bias", {"5": 101}, "values must be numbers in [-100, 100]"),
+    ("logit_bias", {"5": True}, "values must be numbers in [-100, 100]"),
+    ("logit_bias", {str(i): 1 for i in range(1025)}, "at most 1024"),
+])
+def test_a_bad_sampling_field_is_a_400_naming_it(client, auth, name, value, says):
+    body = json.dumps({"model": MODEL, "messages": HELLO, name: value}).encode()
+    error = openai_error(post_raw(client, V1, body, auth), 400)
+    assert error["param"] == name and says in error["message"], error
 
 
 # --- the message length rule has one owner -----------------------------------------------
