@@ -193,7 +193,7 @@ class LLMEngine:
         try:
             logits = self.runner.execute(sched.seqs, sched.num_tokens)
             # Penalties and logit_bias first: logprobs are of the distribution they leave.
-            logits = adjust_logits(logits, sampling) if sampling else logits
+            logits = adjust_logits(logits, sampling, self.eos_token_ids) if sampling else logits
             # Constrained rows masked by their grammars (a copy when logprobs must still
             # see the distribution before the mask); other rows as they are.
             keep = any(s.params.logprobs is not None for s in sampling)

@@ -10,6 +10,7 @@ top-k and top-p, then the draw (`sample`).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from itertools import chain
 
@@ -22,9 +23,16 @@ def _penalised(p) -> bool:
     return p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1
 
 
-def adjust_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """logits [len(seqs), vocab] with each row's penalties and logit_bias applied: a new
-    fp32 tensor when any row has one, `logits` itself otherwise.
+def _short(seq: Sequence) -> bool:
+    return seq.num_output_tokens < seq.params.min_tokens
+
+
+def adjust_logits(logits: torch.Tensor, seqs: list[Sequence],
+                  eos_token_ids: Collection[int] = ()) -> torch.Tensor:
+    """logits [len(seqs), vocab] with each row's penalties and logit_bias applied, and its
+    end tokens banned while it is shorter than its min_tokens (`eos_token_ids`: the
+    model's, which end a row unless it ignores them): a new fp32 tensor when any row has
+    one of these, `logits` itself otherwise.
 
     - repetition_penalty (as transformers and vLLM): a token seen in the prompt or the
       output has a positive logit divided by it, a negative one multiplied;
@@ -32,7 +40,8 @@ def adjust_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
       minus presence once, for each token by its count in the output so far;
     - logit_bias: added to the named tokens' logits.
     """
-    rows = [i for i, s in enumerate(seqs) if _penalised(s.params) or s.params.logit_bias]
+    rows = [i for i, s in enumerate(seqs)
+            if _penalised(s.params) or s.params.logit_bias or _short(s)]
     if not rows:
         return logits
     vocab = logits.shape[-1]
@@ -49,6 +58,14 @@ def adjust_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
             t = [int(t) for p in params for t in p.logit_bias]
             v = [float(b) for p in params for b in p.logit_bias.values()]
             sub.index_put_((torch.tensor(r), torch.tensor(t)), torch.tensor(v), accumulate=True)
+        short = [(j, seqs[i]) for j, i in enumerate(rows) if _short(seqs[i])]
+        if short:
+            ends = [(j, set(s.params.stop_token_ids)
+                     | (set() if s.params.ignore_eos else set(eos_token_ids)))
+                    for j, s in short]
+            r = [j for j, ids in ends for _ in ids]
+            t = [t for _, ids in ends for t in ids]
+            sub[torch.tensor(r, dtype=torch.long), torch.tensor(t, dtype=torch.long)] = float("-inf")
         if not whole:
             out.index_copy_(0, idx, sub)
     return out

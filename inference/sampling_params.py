@@ -75,6 +75,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     # Stop at the model's end-of-sequence tokens (off only for benchmarks).
     ignore_eos: bool = False
+    # The end tokens (stop_token_ids, and the EOS unless ignore_eos) are banned until the
+    # output holds this many tokens (vLLM's); stop strings still apply.
+    min_tokens: int = 0
     # Log-probabilities of each generated token and of this many most likely tokens at its
     # position (0-20, as OpenAI's top_logprobs); None: not computed.
     logprobs: int | None = None
@@ -103,6 +106,14 @@ class SamplingParams:
             raise InvalidRequestError("repetition_penalty must be in (0, 2]",
                                       "repetition_penalty")
         self._check_logit_bias()
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or not (
+                0 <= self.min_tokens <= self.max_tokens):
+            raise InvalidRequestError("min_tokens must be an integer in [0, max_tokens]",
+                                      "min_tokens")
+        if self.min_tokens and self.json_schema is not None:
+            # A complete value ends with the end token, which min_tokens would ban.
+            raise InvalidRequestError("min_tokens cannot be combined with structured output",
+                                      "min_tokens")
         if not isinstance(self.n, int) or self.n < 1:
             raise InvalidRequestError("n must be an integer >= 1", "n")
         if self.logprobs is not None and (

@@ -31,6 +31,10 @@ class Options:
     repetition_penalty: float = 1.0
     # (token id, bias) pairs: a tuple keeps the job hashable and JSON-safe (int keys).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # Go on past the end tokens (the chat format's end of turn too), for benchmarks; and
+    # ban them until the reply holds min_tokens.
+    ignore_eos: bool = False
+    min_tokens: int = 0
     n: int = 1
     seed: int | None = None
     stop: tuple[str, ...] = ()
@@ -99,7 +103,9 @@ def sampling_params(job: Job, *, max_model_len: int, tokenizer):
         n=opts.n,
         seed=opts.seed,
         stop=list(opts.stop),
-        stop_token_ids=stop_token_ids(tokenizer),
+        stop_token_ids=[] if opts.ignore_eos else stop_token_ids(tokenizer),
+        ignore_eos=opts.ignore_eos,
+        min_tokens=opts.min_tokens,
         logprobs=opts.logprobs,
         json_schema=opts.json_schema,
     )

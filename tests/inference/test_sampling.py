@@ -124,6 +124,8 @@ def test_min_p_one_leaves_only_the_top_token_to_draw():
     (SamplingParams(logit_bias={-1: 1}), "logit_bias"),
     (SamplingParams(logit_bias={"5": 1}), "logit_bias"),
     (SamplingParams(logit_bias={10**9: 1}), "logit_bias"),  # past the vocabulary
+    (SamplingParams(max_tokens=4, min_tokens=5), "min_tokens"),
+    (SamplingParams(min_tokens=2, json_schema='{"type": "object"}'), "min_tokens"),
 ])
 def test_bad_sampling_settings_are_refused_naming_the_field(make_engine, params, param):
     engine = make_engine()
@@ -153,6 +155,21 @@ def test_logit_bias_bans_and_forces_tokens_and_logprobs_see_it(make_engine):
     entries = [e for o in outs for e in o.new_logprobs]
     assert outs[-1].token_ids == [777] * 6
     assert all(e.logprob > -1e-3 and e.top[0][0] == 777 for e in entries)
+
+
+def test_min_tokens_bans_the_end_tokens_until_the_output_is_that_long(make_engine):
+    engine = make_engine()
+    end = 777  # an end token the bias makes the model's first choice at every step
+    params = SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[end],
+                            logit_bias={end: 100.0}, min_tokens=5)
+    [[out]] = engine.generate([rand_ids(20, 9)], params)
+    assert len(out.token_ids) == 6 and out.token_ids[-1] == end
+    assert end not in out.token_ids[:5] and out.finish_reason == "stop"
+    # The model's own EOS too, unless ignore_eos.
+    eos = next(iter(engine.eos_token_ids))
+    bias = SamplingParams(max_tokens=20, temperature=0, logit_bias={eos: 100.0}, min_tokens=3)
+    [[out]] = engine.generate([rand_ids(20, 9)], bias)
+    assert len(out.token_ids) == 4 and out.token_ids[-1] == eos
 
 
 def test_penalised_rows_leave_their_neighbours_alone(make_engine):

@@ -52,6 +52,9 @@ class CompletionRequest:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> bias
+    # vLLM's: go on past the end tokens; ban them until the reply holds min_tokens.
+    ignore_eos: bool = False
+    min_tokens: int = 0
     n: int = 1
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
@@ -313,9 +316,12 @@ MAX_LOGIT_BIAS = 1024  # entries, the engine's bound (inference.sampling_params)
 
 def _sampling(data: dict) -> dict:
     """Penalties (OpenAI's ranges), logit_bias, and the common extensions top_k (-1 or 0:
-    off), min_p and repetition_penalty (1: off), as vLLM and llama.cpp take them."""
+    off), min_p, repetition_penalty (1: off), ignore_eos and min_tokens, as vLLM and
+    llama.cpp take them."""
     top_k = _int(data, "top_k", -1, 2**31 - 1)
     return {
+        "ignore_eos": _bool(data, "ignore_eos"),
+        "min_tokens": _int(data, "min_tokens", 0, 2**31 - 1) or 0,
         "presence_penalty": _number(data, "presence_penalty", 0.0, -2.0, 2.0),
         "frequency_penalty": _number(data, "frequency_penalty", 0.0, -2.0, 2.0),
         "repetition_penalty": _number(data, "repetition_penalty", 1.0, 0.0, 2.0, lo_open=True),

@@ -2,8 +2,8 @@
 
 Every field of a body is one of three kinds; anything else is refused:
 
-- HONOURED: read and applied by parsing.py (our extensions `cache_salt`,
-  `prefix_cache_receipt` and `truncation` among them).
+- HONOURED: read and applied by parsing.py (vLLM's `ignore_eos` and `min_tokens`, and
+  our extensions `cache_salt`, `prefix_cache_receipt` and `truncation`, among them).
 - IGNORED: sent by OpenAI clients, and without effect on the reply, so accepted and
   ignored: `metadata`, `service_tier`, `prompt_cache_key`, `prompt_cache_options` and
   `prompt_cache_retention` (our prefix cache needs no hint), `safety_identifier` (like
@@ -44,6 +44,8 @@ HONOURED = frozenset({
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "logit_bias", "n", "stop", "seed", "user", "logprobs",
     "top_logprobs", "response_format", "tools", "tool_choice", "parallel_tool_calls",
+    # vLLM's, which benchmark clients send.
+    "ignore_eos", "min_tokens",
     # Ours.
     "cache_salt", "prefix_cache_receipt", "truncation",
 })

@@ -259,6 +259,8 @@ def test_sampling_fields_are_parsed():
     ("logit_bias", {"5": 101}, "values must be numbers in [-100, 100]"),
     ("logit_bias", {"5": True}, "values must be numbers in [-100, 100]"),
     ("logit_bias", {str(i): 1 for i in range(1025)}, "at most 1024"),
+    ("min_tokens", -1, "must be at least 0"),
+    ("ignore_eos", 1, "must be a boolean"),
 ])
 def test_a_bad_sampling_field_is_a_400_naming_it(client, auth, name, value, says):
     body = json.dumps({"model": MODEL, "messages": HELLO, name: value}).encode()

@@ -53,6 +53,21 @@ def test_logit_bias_forces_and_bans_tokens(client, tokenizer):
     assert banned.choices[0].logprobs.content[0].token != first.token
 
 
+def test_ignore_eos_and_min_tokens_set_the_reply_s_length(client):
+    exact = client.chat.completions.create(model=MODEL, messages=SAY, max_tokens=24,
+                                           temperature=0,
+                                           extra_body={"ignore_eos": True, "min_tokens": 24})
+    assert exact.usage.completion_tokens == 24
+    assert exact.choices[0].finish_reason == "length"
+    natural = client.chat.completions.create(model=MODEL, messages=SAY, max_tokens=60,
+                                             temperature=0)
+    short = natural.usage.completion_tokens
+    assert natural.choices[0].finish_reason == "stop" and short < 40
+    longer = client.chat.completions.create(model=MODEL, messages=SAY, max_tokens=60,
+                                            temperature=0, extra_body={"min_tokens": short + 5})
+    assert longer.usage.completion_tokens >= short + 5
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"logit_bias": {"49152": 1}}, "logit_bias"),  # past SmolLM2's vocabulary
     ({"frequency_penalty": 3}, "frequency_penalty"),
