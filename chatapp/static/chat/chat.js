@@ -450,6 +450,11 @@
     render();
   }
 
+  let resyncTimer = 0;
+  function resyncSoon() {
+    if (!resyncTimer) resyncTimer = setTimeout(function () { resyncTimer = 0; resync(); }, 1000);
+  }
+
   const handlers = {
     // A reply may have ended between this page's load and its socket's opening.
     hello: function () { if (retry > 0 || activeReplies().length) resync(); retry = 0; },
@@ -474,7 +479,13 @@
     },
     "message.delta": function (e) {
       let s = streams.get(e.message_id);
-      if (!s) { s = { seq: 0, text: "", gap: true }; streams.set(e.message_id, s); }
+      if (!s && e.seq > 1) {
+        // Mid-reply with no text to go on from (a worker's reply): the stored text, as
+        // its heartbeat writes it, until message.done brings the whole.
+        resyncSoon();
+        return;
+      }
+      if (!s) { s = { seq: 0, text: "", gap: false }; streams.set(e.message_id, s); }
       if (e.seq <= s.seq) return; // in the text message.resumed gave already
       if (e.seq !== s.seq + 1) s.gap = true;
       s.seq = e.seq;

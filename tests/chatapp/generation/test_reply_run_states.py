@@ -10,7 +10,7 @@ whose socket died with that process, reads the final row when it reconnects.
 
 The engine is the one part not run here: each example decides its outputs, under the
 contract the run relies on (AsyncEngine.abort: after an abort, the request's stream ends
-with a final "abort" output at the next step).
+with a final "abort" output, maybe after outputs already on their way).
 """
 
 from __future__ import annotations
@@ -145,8 +145,10 @@ class ReplyRunMachine(RuleBasedStateMachine):
         self.n_out = min(self.n_out + 1, len(self.ids))
         if self.n_out == len(self.ids) and finish is None:
             finish = "length"
-        reason = "abort" if aborted else finish
-        out = self.output(self.n_out - (1 if aborted else 0), reason)
+        # An abort ends the stream at a step of the engine's: outputs already on their way
+        # (a draw of None) still come first.
+        reason = "abort" if aborted and finish is not None else finish
+        out = self.output(self.n_out if reason != "abort" else self.last_n, reason)
         self.send(self.run.output(out))
         if out.finished:
             self.engine_ended = True
