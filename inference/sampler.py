@@ -44,7 +44,6 @@ def adjust_logits(logits: torch.Tensor, seqs: list[Sequence],
             if _penalised(s.params) or s.params.logit_bias or _short(s)]
     if not rows:
         return logits
-    vocab = logits.shape[-1]
     with torch.inference_mode():
         out = logits.to(torch.float32, copy=True)
         whole = len(rows) == len(seqs)
@@ -52,7 +51,7 @@ def adjust_logits(logits: torch.Tensor, seqs: list[Sequence],
         sub = out if whole else out.index_select(0, idx)
         params = [seqs[i].params for i in rows]
         if any(_penalised(p) for p in params):
-            _apply_penalties(sub, [seqs[i] for i in rows], vocab)
+            _apply_penalties(sub, [seqs[i] for i in rows])
         if any(p.logit_bias for p in params):
             r = [j for j, p in enumerate(params) for _ in p.logit_bias]
             t = [int(t) for p in params for t in p.logit_bias]
@@ -71,64 +70,136 @@ def adjust_logits(logits: torch.Tensor, seqs: list[Sequence],
     return out
 
 
-def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence], vocab: int) -> None:
-    """In place on logits [len(seqs), vocab] fp32."""
+def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """In place on logits [len(seqs), vocab] fp32. Sparse: only the (row, token) pairs
+    of tokens a row has seen are read and written, a few hundred where the vocabulary
+    is 49k wide."""
+    vocab = logits.shape[-1]
     params = [s.params for s in seqs]
     outputs = [s.output_token_ids for s in seqs]
-    counts = torch.zeros_like(logits)
-    lengths = torch.tensor([len(o) for o in outputs])
-    if int(lengths.sum()):
-        row = torch.repeat_interleave(torch.arange(len(seqs)), lengths)
-        tok = torch.tensor(list(chain.from_iterable(outputs)))
-        counts.index_put_((row, tok), torch.ones(len(tok)), accumulate=True)
-    # The repetition penalty first, on the model's own signs (vLLM's order).
+    rows = torch.repeat_interleave(torch.arange(len(seqs)),
+                                   torch.tensor([len(o) for o in outputs]))
+    # Each (row, token) of the outputs once, with its count, as one key row * vocab + token.
+    keys, counts = torch.unique(rows * vocab + torch.tensor(list(chain.from_iterable(outputs)),
+                                                            dtype=torch.long),
+                                return_counts=True)
+    # The repetition penalty first, on the model's own signs (vLLM's order), over the
+    # tokens of the prompt and the output.
     if any(p.repetition_penalty != 1 for p in params):
-        rep = torch.tensor([p.repetition_penalty for p in params]).unsqueeze(1)
-        seen = (counts > 0) | torch.stack([_prompt_mask(s, vocab) for s in seqs])
-        scaled = torch.where(logits > 0, logits / rep, logits * rep)
-        logits.copy_(torch.where(seen, scaled, logits))
-    freq = torch.tensor([p.frequency_penalty for p in params]).unsqueeze(1)
-    pres = torch.tensor([p.presence_penalty for p in params]).unsqueeze(1)
-    logits -= counts * freq + (counts > 0) * pres
+        rep = torch.tensor([p.repetition_penalty for p in params])
+        prompt = [_prompt_tokens(s) for s in seqs]
+        prompt_rows = torch.repeat_interleave(torch.arange(len(seqs)),
+                                              torch.tensor([len(t) for t in prompt]))
+        seen = torch.unique(torch.cat([keys, prompt_rows * vocab + torch.cat(prompt)]))
+        r, t = seen // vocab, seen % vocab
+        v = logits[r, t]
+        logits[r, t] = torch.where(v > 0, v / rep[r], v * rep[r])
+    if len(keys) and any(p.frequency_penalty != 0 or p.presence_penalty != 0 for p in params):
+        freq = torch.tensor([p.frequency_penalty for p in params])
+        pres = torch.tensor([p.presence_penalty for p in params])
+        r, t = keys // vocab, keys % vocab
+        logits[r, t] -= counts * freq[r] + pres[r]
 
 
-def _prompt_mask(seq: Sequence, vocab: int) -> torch.Tensor:
-    """The tokens of seq's prompt as a bool [vocab], built once per sequence: a long
-    prompt is not scattered again at every step."""
-    if seq.prompt_mask is None:
-        mask = torch.zeros(vocab, dtype=torch.bool)
-        mask[torch.tensor(seq.token_ids[: seq.num_prompt_tokens])] = True
-        seq.prompt_mask = mask
-    return seq.prompt_mask
+def _prompt_tokens(seq: Sequence) -> torch.Tensor:
+    """The distinct tokens of seq's prompt, found once per sequence: a long prompt is not
+    gone through again at every step."""
+    if seq.prompt_token_set is None:
+        seq.prompt_token_set = torch.unique(
+            torch.tensor(seq.token_ids[: seq.num_prompt_tokens], dtype=torch.long))
+    return seq.prompt_token_set
+
+
+# How many of a row's most likely tokens a truncated row (top_k, top_p, min_p) is drawn
+# from: the draw's noise and softmax then cost K, not the vocabulary. A row whose kept
+# tokens do not all fit (a top_p nucleus wider than K) is drawn over the vocabulary.
+CANDIDATES = 256
+
+
+def _mask_min_p_top_k(logits: torch.Tensor, top_k: torch.Tensor,
+                      min_p: torch.Tensor) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    if bool((min_p > 0).any()):
+        # p >= min_p * p_max  <=>  logit >= max logit + log(min_p), no softmax needed.
+        floor = logits.max(dim=-1, keepdim=True).values + torch.log(min_p).unsqueeze(1)
+        logits = logits.masked_fill(logits < floor, float("-inf"))
+    if bool((top_k < vocab).any()):
+        k = top_k.clamp(1, vocab)
+        kth = torch.topk(logits, int(k.max()), dim=-1).values.gather(1, (k - 1).unsqueeze(1))
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return logits
 
 
 def apply_truncation(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                      min_p: torch.Tensor) -> torch.Tensor:
     """Mask logits [R, V] (temperature applied) row by row, with per-row settings [R]:
     below min_p times the most likely token's probability, outside the top_k (ties at the
-    k-th kept; k >= V: off), outside the smallest nucleus holding top_p (1: off)."""
+    k-th kept; k >= V: off), outside the smallest nucleus holding top_p (1: off).
+    Over the whole vocabulary: `candidates` is the cheaper form the sampler uses."""
+    logits = _mask_min_p_top_k(logits, top_k, min_p)
+    if not bool((top_p < 1).any()):
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    # Drop a token when the tokens before it already hold top_p; keep at least one.
+    drop = probs.cumsum(-1) - probs > top_p.unsqueeze(1)
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def candidates(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+               min_p: torch.Tensor, size: int = CANDIDATES
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What apply_truncation keeps, found among each row's `size` most likely tokens
+    (or its top_k, if larger) instead of masking and sorting the whole vocabulary:
+    (logits [R, K], their token ids [R, K], most likely first, -inf where dropped;
+    covered [R]: True where every token the row keeps is among them)."""
     vocab = logits.shape[-1]
-    if bool((min_p > 0).any()):
-        # p >= min_p * p_max  <=>  logit >= max logit + log(min_p), no softmax needed.
-        floor = logits.max(dim=-1, keepdim=True).values + torch.log(min_p).unsqueeze(1)
-        logits = logits.masked_fill(logits < floor, float("-inf"))
-    use_k = bool((top_k < vocab).any())
+    on_k = top_k < vocab
+    k = min(vocab, max(size, int(top_k[on_k].max()) if bool(on_k.any()) else 0))
+    vals, ids = torch.topk(logits, k, dim=-1)
+    # top_k (ties with the k-th kept) and min_p (p >= min_p * p_max <=> logit >= max
+    # logit + log(min_p)), as one bound per row.
+    kth = vals.gather(1, (top_k.clamp(1, k) - 1).unsqueeze(1))
+    bound = torch.maximum(torch.where(on_k.unsqueeze(1), kth, float("-inf")),
+                          vals[:, :1] + torch.log(min_p).unsqueeze(1))
+    # Past the K-th token every logit is at most the K-th's: below the bound, all dropped.
+    covered = on_k | (vals[:, -1:] < bound).squeeze(1) | (k == vocab)
+    vals = vals.masked_fill(vals < bound, float("-inf"))
     if bool((top_p < 1).any()):
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        if use_k:
-            kth = sorted_logits.gather(1, (top_k.clamp(1, vocab) - 1).unsqueeze(1))
-            sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-        probs = sorted_logits.softmax(-1)
+        norm = torch.logsumexp(vals, dim=-1)  # the kept mass, where covered
+        wide = (top_p < 1) & ~covered
+        if bool(wide.any()):  # the mass past the candidates counts too
+            w = wide.nonzero().squeeze(1)
+            kept = _mask_min_p_top_k(logits.index_select(0, w), top_k[w], min_p[w])
+            norm[w] = torch.logsumexp(kept, dim=-1)
+        probs = (vals - norm.unsqueeze(1)).exp()
+        held = probs.cumsum(-1)
         # Drop a token when the tokens before it already hold top_p; keep at least one.
-        drop = probs.cumsum(-1) - probs > top_p.unsqueeze(1)
+        drop = held - probs > top_p.unsqueeze(1)
         drop[:, 0] = False
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        return torch.empty_like(logits).scatter_(1, order, sorted_logits)
-    if use_k:
-        k = top_k.clamp(1, vocab)
-        kth = torch.topk(logits, int(k.max()), dim=-1).values.gather(1, (k - 1).unsqueeze(1))
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return logits
+        vals = vals.masked_fill(drop, float("-inf"))
+        # Every token past the K-th has the K tokens' mass before it: dropped if > top_p.
+        covered |= held[:, -1] > top_p
+    return vals, ids, covered
+
+
+def _race(logits: torch.Tensor, generators: list) -> torch.Tensor:
+    """One draw per row from softmax(logits) [R, N]: the exponential race (argmax of
+    p / E, E ~ Exp(1)), one vectorised pass instead of torch.multinomial, which is slow
+    over a large vocabulary on CPU. Unseeded rows draw their noise in one call, as -log U
+    (torch's exponential_ costs about five times as much on CPU; U = 0 gives E = inf,
+    which only loses). A seeded row draws with exponential_ from its own generator, so
+    its run repeats whatever else shares the batch, and as earlier versions drew it."""
+    probs = logits.softmax(-1)
+    noise = torch.empty_like(probs)
+    if any(g is None for g in generators):
+        noise.uniform_().log_().neg_()  # seeded rows are overwritten below
+    for j, g in enumerate(generators):
+        if g is not None:
+            noise[j].exponential_(generator=g)
+    return (probs / noise).argmax(dim=-1)
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
@@ -138,34 +209,41 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     cheaper than argmax() over 49k columns on CPU, and casting bf16 logits to
     fp32 first would not change the winner (the cast is exact).
 
-    Random rows use the exponential race (argmax of p / Exp(1) draws from p):
-    one vectorised pass instead of torch.multinomial, which is slow over a large
-    vocabulary on CPU. Unseeded rows draw their noise in one call; a seeded row draws
-    from its own generator, so its run repeats whatever else shares the batch.
+    Random rows are scaled by their temperature; a row with top_k, top_p or min_p is
+    drawn among its CANDIDATES most likely tokens (all it keeps, almost always), others
+    over the whole vocabulary.
     """
     out = logits.max(dim=-1).indices
     rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
-    if rows:
-        vocab = logits.shape[-1]
-        params = [seqs[i].params for i in rows]
-        idx = torch.tensor(rows)
-        temps = torch.tensor([p.temperature for p in params]).unsqueeze(1)
-        scaled = logits.index_select(0, idx).float() / temps
-        if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
-            scaled = apply_truncation(
-                scaled,
-                torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]),
-                torch.tensor([p.top_p for p in params]),
-                torch.tensor([p.min_p for p in params]),
-            )
-        probs = scaled.softmax(-1)
-        noise = torch.empty_like(probs)
-        seeded = [j for j, i in enumerate(rows) if seqs[i].generator is not None]
-        if len(seeded) < len(rows):
-            noise.exponential_()  # seeded rows are overwritten below
-        for j in seeded:
-            noise[j].exponential_(generator=seqs[rows[j]].generator)
-        out[idx] = (probs / noise).argmax(dim=-1)
+    if not rows:
+        return out.tolist()
+    vocab = logits.shape[-1]
+    params = [seqs[i].params for i in rows]
+    gens = [seqs[i].generator for i in rows]
+    idx = torch.tensor(rows)
+    temps = torch.tensor([p.temperature for p in params]).unsqueeze(1)
+    scaled = logits.index_select(0, idx).float() / temps
+    picked = torch.empty(len(rows), dtype=torch.long)
+    cut = [j for j, p in enumerate(params) if p.top_k > 0 or p.top_p < 1 or p.min_p > 0]
+    whole = sorted(set(range(len(rows))) - set(cut))
+    if cut:
+        c = torch.tensor(cut)
+        sub = scaled.index_select(0, c)
+        top_k = torch.tensor([params[j].top_k or vocab for j in cut])
+        top_p = torch.tensor([params[j].top_p for j in cut])
+        min_p = torch.tensor([params[j].min_p for j in cut])
+        vals, ids, covered = candidates(sub, top_k, top_p, min_p)
+        choice = _race(vals, [gens[j] for j in cut])
+        picked[c] = ids.gather(1, choice.unsqueeze(1)).squeeze(1)
+        wide = [n for n, ok in enumerate(covered.tolist()) if not ok]
+        if wide:  # a nucleus wider than the candidates: sort the vocabulary
+            r = torch.tensor(wide)
+            full = apply_truncation(sub.index_select(0, r), top_k[r], top_p[r], min_p[r])
+            picked[c[r]] = _race(full, [gens[cut[n]] for n in wide])
+    if whole:
+        w = torch.tensor(whole)
+        picked[w] = _race(scaled.index_select(0, w), [gens[j] for j in whole])
+    out[idx] = picked
     return out.tolist()
 
 

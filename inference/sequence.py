@@ -65,9 +65,9 @@ class Sequence:
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
-        # The prompt's tokens as a bool [vocab], built by the sampler on first use when
-        # params.repetition_penalty is set (sampler._prompt_mask).
-        self.prompt_mask: torch.Tensor | None = None
+        # The prompt's distinct tokens, found by the sampler on first use when
+        # params.repetition_penalty is set (sampler._prompt_tokens).
+        self.prompt_token_set: torch.Tensor | None = None
         # Per generated token, when params.logprobs asks (sampler.TokenLogprob).
         self.logprobs: list = []
         # Its place in the structured-output grammar (inference.grammar.Matcher), if any:

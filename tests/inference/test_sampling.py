@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from inference import InvalidRequestError, SamplingParams
-from inference.sampler import adjust_logits, apply_truncation, sample
+from inference.sampler import adjust_logits, apply_truncation, candidates, sample
 from inference.sequence import Sequence
 from tests.inference.test_prefix_cache import rand_ids
 
@@ -107,6 +107,40 @@ def test_top_k_top_p_min_p_per_row_keep_what_each_row_s_rule_keeps(settings):
         assert torch.equal(out[i][list(kept)], logits[i][list(kept)])
 
 
+@pytest.mark.parametrize("size", [64, 12, 3])
+def test_candidates_keep_what_the_whole_vocabulary_pass_keeps_or_say_they_cannot(size):
+    """The sampler's candidate set: where it says a row is covered, its finite entries are
+    exactly what apply_truncation keeps over the vocabulary, in order; where it is not
+    (a nucleus wider than the candidates), the sampler sorts the vocabulary instead."""
+    settings = [(0, 1.0, 0.2), (5, 1.0, 0.0), (0, 0.5, 0.0), (0, 0.99, 0.0), (7, 0.6, 0.05),
+                (0, 0.9, 0.3), (20, 0.95, 0.0)]
+    g = torch.Generator().manual_seed(size)
+    logits = torch.randn(len(settings), 64, generator=g)
+    top_k = torch.tensor([k or 64 for k, _, _ in settings])
+    top_p = torch.tensor([p for _, p, _ in settings])
+    min_p = torch.tensor([m for _, _, m in settings])
+    full = apply_truncation(logits.clone(), top_k, top_p, min_p)
+    vals, ids, covered = candidates(logits.clone(), top_k, top_p, min_p, size=size)
+    assert vals.shape[1] >= min(size, 64) and bool(covered.any())
+    for i in range(len(settings)):
+        kept = set(torch.isfinite(full[i]).nonzero().flatten().tolist())
+        if covered[i]:
+            mine = ids[i][torch.isfinite(vals[i])].tolist()
+            assert set(mine) == kept, settings[i]
+            assert torch.equal(vals[i][: len(mine)], logits[i][mine])
+        else:
+            assert len(kept) > size - 1, settings[i]
+
+
+def test_a_nucleus_wider_than_the_candidates_is_drawn_over_the_vocabulary():
+    """A flat distribution's top_p 0.9 nucleus holds 90 % of the vocabulary: far more than
+    the candidates. Draws still come from all of it."""
+    logits = torch.zeros(1, 4000)
+    seqs = [_seq([1], [], temperature=1.0, top_p=0.9, seed=i) for i in range(200)]
+    drawn = {sample(logits, [s])[0] for s in seqs}
+    assert max(drawn) > 1000 and len(drawn) > 150
+
+
 def test_min_p_one_leaves_only_the_top_token_to_draw():
     logits = torch.randn(6, VOCAB)
     seqs = [_seq([1], [], temperature=1.5, min_p=1.0, seed=i) for i in range(6)]
@@ -199,23 +233,24 @@ def test_penalised_rows_leave_their_neighbours_alone(make_engine):
     assert isinstance(json.loads(final["t2"].text)["a"], int)
 
 
-@pytest.mark.parametrize("text,temperature", [
-    ("Write the word 'banana' again and again, as many times as you can.", 0.0),
-    ("List the numbers from 1 to 100.", 0.7),
-])
-def test_frequency_penalty_ends_a_loop_on_smollm2(smollm2_engine, text, temperature):
-    """Prompts that invite repetition: with frequency_penalty 1.5 the same (seeded) run
-    repeats fewer 4-grams in 80 tokens than without."""
+@pytest.mark.parametrize("temperature, seeds", [(0.0, [0]), (0.7, [1, 2, 3])])
+def test_frequency_penalty_ends_a_loop_on_smollm2(smollm2_engine, temperature, seeds):
+    """A prompt that invites repetition: with frequency_penalty 1.5 the same runs (greedy,
+    or seeded draws) repeat fewer 4-grams in 80 tokens than without."""
     tok = smollm2_engine.tokenizer
+    text = "Write the word 'banana' again and again, as many times as you can."
     prompt = tok.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n",
                         add_special_tokens=False)
 
     def repeated_4grams(**penalty) -> int:
-        params = SamplingParams(max_tokens=80, temperature=temperature, seed=1234,
-                                ignore_eos=True, **penalty)
-        ids = smollm2_engine.generate([prompt], params)[0][0].token_ids
-        grams = [tuple(ids[i:i + 4]) for i in range(len(ids) - 3)]
-        return len(grams) - len(set(grams))
+        repeats = 0
+        for seed in seeds:
+            params = SamplingParams(max_tokens=80, temperature=temperature, seed=seed,
+                                    ignore_eos=True, **penalty)
+            ids = smollm2_engine.generate([prompt], params)[0][0].token_ids
+            grams = [tuple(ids[i:i + 4]) for i in range(len(ids) - 3)]
+            repeats += len(grams) - len(set(grams))
+        return repeats
 
     without, with_penalty = repeated_4grams(), repeated_4grams(frequency_penalty=1.5)
     assert with_penalty < without / 2, (with_penalty, without)
