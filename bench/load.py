@@ -74,11 +74,13 @@ def check_stream(events: list[dict], reply_id: int | None) -> str:
     if len(dones) > 1:
         return "duplicate done"
     deltas = [e for e in events if e["type"] == "message.delta" and e["message_id"] == reply_id]
-    if [d["seq"] for d in deltas] != list(range(1, len(deltas) + 1)):
-        return "deltas out of sequence"
+    seqs = [d["seq"] for d in deltas]
+    if seqs != list(range(1, len(deltas) + 1)):
+        return f"deltas out of sequence: {seqs} then done {dones[0]['seq']}"
     final = dones[0]["message"]
-    if "".join(d["text"] for d in deltas) != final["content"]:
-        return "deltas differ from the stored text"
+    streamed = "".join(d["text"] for d in deltas)
+    if streamed != final["content"]:
+        return f"deltas differ from the stored text: {streamed!r} / {final['content']!r}"
     if final["status"] != "done":
         return f"ended {final['status']}"
     return ""

@@ -108,17 +108,23 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
+# Messages a channel holds before group_send drops more, silently. channels_redis keeps
+# all of a process's sockets in one Redis key and counts them together: at its default
+# of 100, thirty pages streaming at once on a busy host lost deltas and message.done.
+CHANNEL_CAPACITY = int(os.environ.get("CHANNEL_CAPACITY", "10000"))
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             # redis-py 8 times reads out after 5 s by default, exactly channels_redis's
             # BZPOPMIN wait: an idle socket's consumer would die. Allow well over 5 s.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}]},
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+                       "capacity": CHANNEL_CAPACITY},
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer",
+                                  "CONFIG": {"capacity": CHANNEL_CAPACITY}}}
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"

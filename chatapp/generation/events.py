@@ -1,9 +1,10 @@
 """A reply's events on its conversation's channel-layer group, in numbered batches.
 
 A reply streams as `message.delta` events carrying a sequence number each, a few
-tokens per event: channels_redis drops messages to a full channel (capacity 100)
-without a word, so per-token events would lose text under load, and a client that
-sees a gap in the numbers knows to reload the stored message.
+tokens per event: channels_redis drops messages to a full channel without a word (its
+capacity, CHANNEL_CAPACITY, counts all of a process's sockets together), so per-token
+events would crowd it under load, and a client that sees a gap in the numbers knows to
+reload the stored message.
 """
 
 from __future__ import annotations
