@@ -29,6 +29,8 @@
                                         replay, per weight dtype
     python -m bench grammar             the structured-output grammar's cost per decode
                                         step at batch 1 and 16, as a share of the step
+    python -m bench sampling            the sampler's cost per decode step with every
+                                        setting on (penalties, logit_bias, top-k/p, min-p)
     python -m bench toolloop            an agent's tool loop with re-serialised arguments:
                                         the cached share of each turn
     python -m bench long-chat           conversations longer than the context: ours
@@ -75,6 +77,7 @@ SUBCOMMANDS = {
     "quant-quality": "bench.quant_quality",
     "memory": "bench.memory",
     "grammar": "bench.grammar",
+    "sampling": "bench.sampling",
     "toolloop": "bench.toolloop",
     "long-chat": "bench.long_chat",
     "agreement": "bench.agreement",
