@@ -448,3 +448,27 @@ def test_a_v1_client_that_leaves_aborts_its_generation_on_the_worker(cluster, al
     results = wait_for(lambda: _completion_results()[ran:], what="the worker's task result")
     assert results[-1]["finish_reasons"] == ["abort"], results
     assert results[-1]["outputs"] < 1000
+
+
+def test_sampling_settings_reach_the_worker_and_its_logprobs_line_up(cluster, alice):
+    """logit_bias (its token ids JSON keys on the way), penalties, top_k and min_tokens
+    cross to the worker with the job; the logprobs it sends back make the content."""
+    from chatapp.api.services import api_key_create
+    from inference.loader import load_tokenizer
+
+    [banana] = load_tokenizer().encode(" banana", add_special_tokens=False)
+    _, key = api_key_create(user=alice, max_concurrent=4)
+    before = _affinity(cluster)
+    with _v1(cluster, key) as v1:
+        done = v1.post("/chat/completions", json={
+            "model": "smollm2-135m-instruct",
+            "messages": [{"role": "user", "content": "Name a fruit."}],
+            "max_tokens": 4, "min_tokens": 4, "temperature": 0, "top_k": 5,
+            "frequency_penalty": 0.1, "logit_bias": {str(banana): 100}, "logprobs": True,
+        })
+    assert done.status_code == 200, done.text
+    assert set(_affinity(cluster)) - set(before)  # a worker ran it
+    choice = done.json()["choices"][0]
+    assert choice["message"]["content"] == " banana" * 4
+    joined = b"".join(bytes(t["bytes"]) for t in choice["logprobs"]["content"])
+    assert joined == (" banana" * 4).encode()
