@@ -87,7 +87,7 @@ class ReplyRunMachine(RuleBasedStateMachine):
         self.layer = self.channel_layer()
         self.channel = self.run_async(self.layer.new_channel())
         self.run_async(self.layer.group_add(self.group, self.channel))
-        self.run = ReplyRun(self.reply.pk, runner=orphans.this_runner(), batch_tokens=3,
+        self.run = ReplyRun(self.reply.pk, runner=orphans.this_runner(), batch_tokens=2,
                             flush_s=float("inf"))
         self.pc = "queued"
         self.beat = "off"
