@@ -2,10 +2,10 @@
 
 Every setting is applied to the whole batch at once, with per-row parameters as tensors:
 a row whose setting is off gets the neutral value (penalty 0, top_k = vocabulary, top_p 1,
-min_p 0), so one pass serves mixed batches and the step has no per-sequence tensor work.
-The order, as vLLM and llama.cpp apply them: penalties and logit_bias on the model's
-logits (`adjust_logits`, before the structured-output mask), then temperature, min_p,
-top-k and top-p, then the draw (`sample`).
+min_p 0), so one pass serves mixed batches and the step has no per-sequence tensor work
+(but a seeded row's noise, drawn from its own generator). The order, vLLM's: penalties
+and logit_bias on the model's logits (`adjust_logits`), then the structured-output mask
+(inference.grammar), then temperature, min_p, top-k and top-p, then the draw (`sample`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from itertools import chain
 
 import torch
 
+from inference.sampling_params import SamplingParams
 from inference.sequence import Sequence
 
 
-def _penalised(p) -> bool:
+def _penalised(p: SamplingParams) -> bool:
     return p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1
 
 
