@@ -1,7 +1,8 @@
 """Our server against llama.cpp's `llama-server`, on this machine, in one run.
 
     python -m bench llamacpp build [--cache DIR] [-j N] [--force] [--isa native|avx2]
-    python -m bench llamacpp compare [--quick] [--pairs bf16,int8,int4] [--isa native|avx2]
+    python -m bench llamacpp compare [--quick] [--pairs bf16,int8,int4 | --gguf FILE]
+        [--isa native|avx2]
         [--llama-server PATH] [--llama-quantize PATH] [--threads 2]
         [--out bench-results/llamacpp.json] [--plot PNG]
 
@@ -644,8 +645,15 @@ def compare(args: argparse.Namespace) -> dict:
     cache = lb.cache_dir(args.cache)
     source = smollm2_gguf_path()
     models = {}
+    pair_types = dict(PAIRS)
+    if args.gguf:  # one file for both: ours on it as it ships (auto), llama.cpp on it
+        source = Path(args.gguf)
+        args.pairs, pair_types = ["auto"], {"auto": source.name}
+        models[source.name] = source
     for dtype in args.pairs:
-        gguf_type = PAIRS[dtype]
+        gguf_type = pair_types[dtype]
+        if gguf_type in models:
+            continue
         if gguf_type == "Q4_1":
             models[gguf_type] = source
         elif not os.access(quantize, os.X_OK):
@@ -665,7 +673,7 @@ def compare(args: argparse.Namespace) -> dict:
     runs: dict[str, dict] = {}
     pairs = []
     for dtype in args.pairs:
-        gguf_type = PAIRS[dtype]
+        gguf_type = pair_types[dtype]
         theirs, ours = f"llamacpp-{gguf_type}", f"ours-{dtype}"
         with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as tmp:
             contenders = [
@@ -680,7 +688,8 @@ def compare(args: argparse.Namespace) -> dict:
                 Contender(
                     ours,
                     lambda label, dtype=dtype, tmp=tmp: start_ours(
-                        dtype, label, settings, logs, Path(tmp) / "db.sqlite3"
+                        dtype, label, settings, logs, Path(tmp) / "db.sqlite3",
+                        extra_env={"LLM_MODEL": str(source)} if args.gguf else None,
                     ),
                     16,
                     {"server": "ours", "weight_dtype": dtype},
@@ -762,6 +771,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument(
         "--pairs", type=parse_pairs, default=list(PAIRS),
         help="our weight dtypes to compare, comma-separated (default: bf16,int8,int4)",
+    )  # fmt: skip
+    c.add_argument(
+        "--gguf", default=None,
+        help="one GGUF file for both servers instead of the pairs: ours serves it as it "
+        "ships (LLM_WEIGHT_DTYPE=auto), e.g. a bench model-sizes file",
     )  # fmt: skip
     c.add_argument("--llama-server", default=None, help="an existing llama-server binary")
     c.add_argument(
