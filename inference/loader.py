@@ -10,6 +10,8 @@ tensor at a time (inference/gguf_checkpoint.py), never as an fp32 copy.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import importlib.util
 import logging
@@ -95,10 +97,11 @@ def _describe_gguf(gguf: Path, dest: Path) -> None:
           file=sys.stderr)
     folder, name = str(gguf.parent), gguf.name
     arch = GGUFFile(gguf).architecture or ""
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    with _gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
     if not tokenizer.chat_template:
         tokenizer.chat_template = gguf_models.chat_template(arch)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
     config.eos_token_id = gguf_models.eos_token_ids(arch, config.eos_token_id, tokenizer)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -120,6 +123,30 @@ def _describe_gguf(gguf: Path, dest: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """transformers' AutoTokenizer and AutoConfig each parse a GGUF file's metadata for
+    its config, building a numpy view of every token and merge (half of a 128k-token
+    file's first start, twice); within this block the second asks the first's answer."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    original = gguf_utils.load_gguf_checkpoint
+    parsed: dict[str, dict] = {}
+
+    def load(path, return_tensors=False, **kw):
+        if return_tensors or kw:
+            return original(path, return_tensors=return_tensors, **kw)
+        if str(path) not in parsed:
+            parsed[str(path)] = original(path, return_tensors=False)
+        return copy.deepcopy(parsed[str(path)])
+
+    gguf_utils.load_gguf_checkpoint = load
+    try:
+        yield
+    finally:
+        gguf_utils.load_gguf_checkpoint = original
 
 
 def _describes(dest: Path, gguf: Path) -> bool:
