@@ -95,13 +95,13 @@ async def test_turn_two_reuses_the_whole_blocks_of_turn_one(alice):
     await comm.disconnect()
 
 
-async def start_long_reply(user, settings, max_new_tokens: int = 400):
-    """A new conversation whose first reply (up to `max_new_tokens`) has begun streaming."""
-    settings.CHAT_MAX_NEW_TOKENS = max_new_tokens
+async def start_long_reply(user, settings, prompt: str = LONG_PROMPT):
+    """A new conversation whose first reply (up to 400 tokens) has begun streaming."""
+    settings.CHAT_MAX_NEW_TOKENS = 400
     conv = await new_conversation(user)
     comm, _ = await connect(conv.pk, user)
     await receive(comm)
-    await comm.send_json_to({"type": "send", "content": LONG_PROMPT})
+    await comm.send_json_to({"type": "send", "content": prompt})
     events = await receive_until(comm, lambda e: e["type"] == "message.delta")
     return comm, events, created_reply_id(events)
 
@@ -131,7 +131,9 @@ async def test_a_closed_socket_does_not_stop_the_reply_and_a_new_one_resumes_it(
                                                                                 settings):
     """Only Stop stops a reply: one whose page went away goes on and is stored whole, and
     a page that opens meanwhile gets its text so far, then the stream from the next seq."""
-    comm, events, reply_id = await start_long_reply(alice, settings, max_new_tokens=150)
+    # A story of hundreds of tokens: still streaming when the page comes back.
+    comm, events, reply_id = await start_long_reply(
+        alice, settings, prompt="Write a long story about a dragon who learns to cook.")
     await comm.disconnect()
     reply = await get_message(reply_id)
     again, _ = await connect(reply.conversation_id, alice)
