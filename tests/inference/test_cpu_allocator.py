@@ -17,6 +17,7 @@ from inference.cpu_allocator import (
     zeros_mapped_on_write,
 )
 from inference.llm_engine import LLMEngine
+from inference.memory_plan import ModelDoesNotFitError
 from inference.sampling_params import SamplingParams
 
 glibc_only = pytest.mark.skipif(
@@ -113,16 +114,18 @@ def test_available_memory_is_read_from_meminfo(tmp_path):
     assert available_memory_bytes(str(tmp_path / "missing")) is None
 
 
-def test_a_pool_larger_than_the_available_memory_is_warned_of_at_start(
+def test_a_pool_larger_than_the_available_memory_is_cut_or_refused_at_start(
         tiny_model, monkeypatch, caplog):
+    """Mapped as written, a pool too large for the host would start fine and fail once
+    its blocks fill: it is cut to what the host has (tests/inference/test_memory_plan.py),
+    and a start left too little for one is refused with the numbers."""
     def engine() -> LLMEngine:
         return LLMEngine(EngineConfig(model=str(tiny_model), dtype="float32", num_blocks=64))
 
     monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: 1 << 40)
-    with caplog.at_level("WARNING", logger="inference.model_runner"):
-        engine()
-    assert "larger than the memory this host has available" not in caplog.text
+    with caplog.at_level("WARNING", logger="inference.memory_plan"):
+        assert engine().runner.num_blocks == 64
+    assert "is cut" not in caplog.text
     monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: 4096)
-    with caplog.at_level("WARNING", logger="inference.model_runner"):
+    with pytest.raises(ModelDoesNotFitError, match="tokens of KV cache"):
         engine()
-    assert "larger than the memory this host has available" in caplog.text
