@@ -100,6 +100,22 @@ def build(model, checkpoint: GGUFCheckpoint, kind: str) -> tuple[dict[str, Quant
     return weights, native
 
 
+def _stored(model, checkpoint: GGUFCheckpoint, kind: str, path: Path | None
+            ) -> tuple[dict[str, QuantizedWeight], set[str], bool]:
+    """The stored matmuls from the cache file at path, else built from the file and
+    written there; and whether the cache held them."""
+    cached = None if path is None else _load_cache(path, model, kind)
+    if cached is not None:
+        return *cached, True
+    weights, native = build(model, checkpoint, kind)
+    if path is not None:
+        try:
+            _save_cache(path, weights, native, kind)
+        except OSError as exc:  # a read-only cache: build again next time
+            log.warning("could not write the weight cache %s: %s", path, exc)
+    return weights, native, False
+
+
 def load(model, checkpoint: GGUFCheckpoint, kind: str, cache_dir: Path | None) -> bool:
     """Give `model` its weights from the GGUF file: the matmuls stored as `kind`
     (inference.quantize.layer_kind per layer, or 8 bits where the file has more),
@@ -107,16 +123,7 @@ def load(model, checkpoint: GGUFCheckpoint, kind: str, cache_dir: Path | None) -
     when the cache held the matmuls."""
     started = time.perf_counter()
     path = None if cache_dir is None else cache_path(checkpoint.path, kind, cache_dir)
-    cached = None if path is None else _load_cache(path, model, kind)
-    if cached is None:
-        weights, native = build(model, checkpoint, kind)
-        if path is not None:
-            try:
-                _save_cache(path, weights, native, kind)
-            except OSError as exc:  # a read-only cache: build again next time
-                log.warning("could not write the weight cache %s: %s", path, exc)
-    else:
-        weights, native = cached
+    weights, native, cached = _stored(model, checkpoint, kind, path)
     model.load_hf_state_dict(checkpoint, linear=False, embedding=False)
     for name, layer in model.linear_layers().items():
         layer.set_quantized(weights[name])
@@ -132,9 +139,8 @@ def load(model, checkpoint: GGUFCheckpoint, kind: str, cache_dir: Path | None) -
     log.info("weights from %s: %d of %d matmul rows on the file's blocks, %.0f MiB stored, "
              "%s in %.1f s", checkpoint.path.name, on_blocks, total,
              sum(qw.nbytes for qw in weights.values()) / 2**20,
-             "mapped from the cache" if cached is not None else "built",
-             time.perf_counter() - started)
-    return cached is not None
+             "mapped from the cache" if cached else "built", time.perf_counter() - started)
+    return cached
 
 
 def prepare(model: str, weight_dtype: str | None, cache_dir: str | None) -> Path | None:
@@ -160,8 +166,8 @@ def prepare(model: str, weight_dtype: str | None, cache_dir: str | None) -> Path
     target = cache_path(checkpoint.path, kind, model_cache_dir(cache_dir))
     with torch.device("cpu"):
         skeleton = build_model(loaded.config)
-    if _load_cache(target, skeleton, kind) is None:
-        weights, native = build(skeleton, checkpoint, kind)
-        _save_cache(target, weights, native, kind)
-    checkpoint.close()
+    try:
+        _stored(skeleton, checkpoint, kind, target)
+    finally:
+        checkpoint.close()
     return target

@@ -27,7 +27,6 @@ from inference.gguf_file import GGUFFile, GGUFFormatError, Tensor
 from inference.models.registry import text_config
 
 T = GGMLQuantizationType
-PLAIN_TYPES = (T.F32, T.F16, T.BF16)
 _ARCH_IDS = {name: arch for arch, name in MODEL_ARCH_NAMES.items()}
 
 
@@ -56,10 +55,6 @@ class FileTensor:
         self._fd = fd
         # Rows in transformers' order: row i of the weight is the file's row perm[i].
         self.perm = perm
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows * self.row_bytes
 
     def raw(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """The file's rows [start, stop) as bytes [n, row_bytes], in the file's order."""
@@ -176,10 +171,6 @@ class BlockEmbedding(nn.Module):
         self.rows = torch.from_numpy(table.raw())
         # Empty; it carries the compute dtype through model.to(dtype).
         self.weight = nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows.nbytes
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         raw = self.rows.index_select(0, ids.cpu()).numpy()

@@ -65,11 +65,12 @@ class ModelRunner:
         with torch.device(self.device):
             model = build_model(model_config)
         kind = self.stored_kind(config)
-        if isinstance(state_dict, GGUFCheckpoint) and self.device.type == "cpu":
+        from_file = isinstance(state_dict, GGUFCheckpoint)
+        if from_file and self.device.type == "cpu":
             # Refused with the numbers before a weight is read.
             memory_plan.check_weights_fit(state_dict.path.name, state_dict.file_bytes,
                                           available_memory_bytes())
-        if isinstance(state_dict, GGUFCheckpoint) and kind in ("int8", "int4"):
+        if from_file and kind in ("int8", "int4"):
             # A GGUF file's matmuls on its own blocks, never dequantized whole.
             file_weights.load(model, state_dict, kind, model_cache_dir(config.model_cache_dir))
         else:
