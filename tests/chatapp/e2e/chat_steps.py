@@ -43,3 +43,12 @@ def chat(page, messages: list[str] | tuple[str, ...], first: int = 0) -> None:
     for i, text in enumerate(messages, start=first):
         send(page, text)
         wait_for_final(page, i)
+
+
+def log_in(page, url: str, username: str, password: str) -> None:
+    """Sign in on the login page at url and wait for the chat page."""
+    page.goto(url + "/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_selector("#new-chat")

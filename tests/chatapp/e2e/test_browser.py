@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from .chat_steps import new_chat, send, wait_connected, wait_for_final
+from .chat_steps import log_in, new_chat, send, wait_connected, wait_for_final
 from .conftest import ARTIFACTS
 
 pytestmark = pytest.mark.model
@@ -39,11 +39,7 @@ def page(browser, server):
     page.set_default_timeout(WAIT_MS)
     page.dialogs = []
     page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
-    page.goto(server.url + "/")
-    page.fill("input[name=username]", server.user["username"])
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_selector("#new-chat")
+    log_in(page, server.url, server.user["username"], PASSWORD)
     yield page
     context.close()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .chat_steps import chat, new_chat
+from .chat_steps import chat, log_in, new_chat
 from .conftest import ARTIFACTS, start_live_server, stop_live_server
 from .test_browser import PASSWORD, replies, stored
 
@@ -35,11 +35,7 @@ def page(browser, server):
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
-    page.goto(server.url + "/")
-    page.fill("input[name=username]", server.user["username"])
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_selector("#new-chat")
+    log_in(page, server.url, server.user["username"], PASSWORD)
     yield page
     context.close()
 
