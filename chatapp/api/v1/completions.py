@@ -10,7 +10,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -88,9 +88,11 @@ class Prepared:
         return list(self.job.prompt_ids)
 
 
-def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, model: str = "") -> Prepared:
+def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, model: str = "",
+            known: Callable[[str], Sequence[int] | None] | None = None) -> Prepared:
     """Build the prompt and the job for `model` (an alias; its tokenizer is `tokenizer`)
-    (sync: it reads the remembered ids and tokenizes)."""
+    (sync: it reads the remembered ids and tokenizes). `known(key)`: ids the caller holds
+    for an assistant turn (by its text, or its calls' key), before the remembered ones."""
     builder = builder_for(tokenizer)
     tenant = tenant_of(key)
     salt = request_salt(key, req.cache_salt)
@@ -103,6 +105,10 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, model: str = "") 
     def lookup(text: str) -> list[int] | None:
         # Fetched once, on the builder's first assistant turn (after its text checks).
         nonlocal remembered
+        if known is not None:
+            ids = known(keys.get(text, text))
+            if ids is not None:
+                return list(ids)
         if remembered is None:
             texts = [keys.get(t, t) for role, t in turns if role == "assistant"]
             remembered = selectors.remembered_ids(tenant=tenant, texts=texts)
@@ -381,14 +387,17 @@ class Completion:
             yield self.chunk([], usage=self.usage())
 
 
-async def open_completion(*, key: ApiKey, req: CompletionRequest) -> Completion:
+async def open_completion(*, key: ApiKey, req: CompletionRequest,
+                          known: Callable[[str], Sequence[int] | None] | None = None,
+                          ) -> Completion:
     """Prepare and start a completion, here or on a worker by the dispatch rule;
-    OpenAIError for anything the client got wrong."""
+    OpenAIError for anything the client got wrong. `known`: as prepare() takes it."""
     from inference import InvalidRequestError
 
     model = check_model(req.model)
     tokenizer = await aget_tokenizer(model)
-    prepared = await sync_to_async(prepare)(key=key, req=req, tokenizer=tokenizer, model=model)
+    prepared = await sync_to_async(prepare)(key=key, req=req, tokenizer=tokenizer, model=model,
+                                            known=known)
     job = prepared.job
     queue = await sync_to_async(dispatch.completion_queue)(
         max_tokens=job.options.max_tokens or job.options.default_max_tokens,

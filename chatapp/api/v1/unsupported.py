@@ -73,22 +73,30 @@ UNSUPPORTED: dict[str, Callable[[object], bool]] = {
 _KNOWN = sorted(HONOURED | IGNORED | set(UNSUPPORTED))
 
 
-def refuse_unsupported(data: dict) -> None:
+def refuse_unsupported(
+    data: dict,
+    honoured: frozenset[str] = HONOURED,
+    ignored: frozenset[str] = IGNORED,
+    unsupported: dict[str, Callable[[object], bool]] | None = None,
+) -> None:
     """OpenAIError(400) for the first field present that we would not honour, or do not
-    know at all."""
+    know at all. The sets default to chat completions'; another endpoint passes its own."""
+    if unsupported is None:
+        unsupported = UNSUPPORTED
+    known = _KNOWN if honoured is HONOURED else sorted(honoured | ignored | set(unsupported))
     for name in data:
-        if name in HONOURED or name in IGNORED:
+        if name in honoured or name in ignored:
             continue
-        if name in UNSUPPORTED:
+        if name in unsupported:
             value = data[name]
-            if value is not None and not UNSUPPORTED[name](value):
+            if value is not None and not unsupported[name](value):
                 raise invalid(
                     f"'{name}' is not supported by this server; remove it from the request.",
                     name, "unsupported_parameter",
                 )
             continue
         label = name if len(name) <= 64 else quoted(name)
-        near = difflib.get_close_matches(name[:64], _KNOWN, n=1)
+        near = difflib.get_close_matches(name[:64], known, n=1)
         hint = f" Did you mean '{near[0]}'?" if near else ""
         raise invalid(f"Unrecognized request argument supplied: {quoted(name)}.{hint}",
                       label, "unknown_parameter")
