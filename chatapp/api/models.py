@@ -50,3 +50,33 @@ class RememberedReply(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "text_hash"], name="api_remembered_unique")
         ]
+
+
+class StoredResponse(models.Model):
+    """A /v1/responses response kept with `store: true`, owned by its key's user.
+
+    A later request names it as `previous_response_id`: the chain is replayed from each
+    row's own input and output, the reply as the ids the engine generated, so the next
+    prompt extends this one token for token (docs/api.md, "/v1/responses")."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="stored_responses"
+    )
+    # By id, not a foreign key: a deleted ancestor leaves a chain that can no longer be
+    # replayed, which the next request is told, rather than a silently shorter history.
+    previous_response_id = models.CharField(max_length=64, blank=True, default="")
+    # This turn's new messages (chat shape), its reply as an assistant message, and the
+    # ids that reply was generated as (a forced call's opening included).
+    input_messages = models.JSONField(default=list)
+    output_message = models.JSONField(default=dict)
+    output_ids = models.JSONField(default=list)
+    body = models.JSONField(default=dict)  # the Response object, as GET returns it
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["user", "created_at"], name="api_response_user_created")]
+
+    def __str__(self) -> str:
+        return self.id
