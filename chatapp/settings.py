@@ -115,7 +115,7 @@ CHANNEL_CAPACITY = int(os.environ.get("CHANNEL_CAPACITY", "10000"))
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "chatapp.channel_layer.RedisChannelLayer",
             # redis-py 8 times reads out after 5 s by default, exactly channels_redis's
             # BZPOPMIN wait: an idle socket's consumer would die. Allow well over 5 s.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
