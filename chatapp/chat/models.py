@@ -145,3 +145,47 @@ class Message(models.Model):
         cut = self.status in (self.Status.INTERRUPTED, self.Status.STOPPED) or (
             self.status == self.Status.DONE and self.finish_reason == "length")
         return self.role == self.Role.ASSISTANT and cut and bool(self.token_ids)
+
+
+class HistorySummary(models.Model):
+    """The model's summary of the turns a history cut leaves out (CHAT_HISTORY_SUMMARY):
+    asked for once per cut, generated once, then never changed. A cut is known by the
+    last message it leaves out, whose path from the root is exactly those turns; every
+    later prompt of that cut, on every branch below it, shows the stored segment after
+    the marker, token for token."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        READY = "ready"
+        FAILED = "failed"
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="history_summaries"
+    )
+    last_left_out = models.OneToOneField(
+        Message, on_delete=models.CASCADE, related_name="history_summary"
+    )
+    messages = models.PositiveIntegerField(help_text="messages the cut leaves out")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    text = models.TextField(blank=True, default="")
+    # The segment that follows the marker: the summary marker template around the text,
+    # padded to whole KV blocks. Prompts use these ids as stored.
+    token_ids = models.JSONField(default=list, blank=True)
+    # The request that made it: its prompt (mostly the cached prefix of the turns it
+    # summarises) and how much of that the prefix cache served.
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"summary of {self.messages} messages before #{self.last_left_out_id} ({self.status})"
+
+    REQUEST_ID_PREFIX = "summary-"
+
+    @property
+    def request_id(self) -> str:
+        """The engine request id of its generation."""
+        return f"{self.REQUEST_ID_PREFIX}{self.pk}"

@@ -11,7 +11,10 @@ would make it.
 
 The left-out turns are replaced by one marker segment (`templates/prompts/markers/`),
 padded to whole KV blocks, so the kept turns start on a block boundary and the system
-segment and the marker are shared by every cut conversation on the same preset.
+segment and the marker are shared by every cut conversation on the same preset. With
+summaries on, the cut also holds room after the marker for a stored summary of the
+turns left out (its own marker template, `history_summary`), so where the cuts fall
+does not depend on whether a summary is ready yet.
 """
 
 from __future__ import annotations
@@ -28,16 +31,19 @@ from chatapp.prompts.templating import parse_front_matter, sandbox_environment
 
 DEFAULT_TARGET = 0.5
 MARKER = "history_cut"
+SUMMARY_MARKER = "history_summary"
 
 
 @dataclass(frozen=True)
 class ContextLimit:
     """What a prompt must fit: the context (prompt and reply together), the reply's
-    budget, and the share of the context a cut brings the prompt down to."""
+    budget, the share of the context a cut brings the prompt down to, and the room a
+    cut holds after the marker for a summary of the turns left out (0: none)."""
 
     max_model_len: int
     reply_tokens: int
     target: float = DEFAULT_TARGET
+    summary_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -46,6 +52,8 @@ class ContextLimit:
             raise ValueError("reply_tokens must not be negative")
         if not 0.0 < self.target <= 1.0:
             raise ValueError("the history target must be in (0, 1]")
+        if self.summary_tokens < 0:
+            raise ValueError("summary_tokens must not be negative")
 
     @property
     def cut_to(self) -> int:
@@ -71,6 +79,7 @@ class HistoryCut:
     tokens: int  # their tokens
     marker_tokens: int
     new: bool  # this prompt moved the cut: the previous turn's prompt kept more
+    summary_tokens: int = 0  # the stored summary after the marker (0: the marker alone)
 
 
 def first_kept_turn(turn_lengths: Sequence[int], heads: Sequence[int], *, fixed: int,
@@ -106,22 +115,26 @@ def first_kept_turn(turn_lengths: Sequence[int], heads: Sequence[int], *, fixed:
 # -- the marker ----------------------------------------------------------------------
 
 
-def marker_path():
-    return templates_dir() / "markers" / f"{MARKER}.jinja"
+def marker_path(name: str = MARKER):
+    return templates_dir() / "markers" / f"{name}.jinja"
+
+
+def _render(source: str, where, **variables: object) -> str:
+    fm = parse_front_matter(source)
+    if fm.kind != "marker" or fm.error:
+        raise PromptError(f"{where}: missing or invalid '{{#- marker ... #}}' front-matter")
+    try:
+        text = sandbox_environment("preset").from_string(source).render(**variables).strip()
+    except TemplateError as exc:
+        raise PromptError(f"{where}: {exc}") from exc
+    if not text:
+        raise PromptError(f"{where}: the marker renders no text")
+    return text
 
 
 @functools.lru_cache(maxsize=8)
-def _render(source: str) -> str:
-    fm = parse_front_matter(source)
-    if fm.kind != "marker" or fm.error:
-        raise PromptError(f"{marker_path()}: missing or invalid '{{#- marker ... #}}' front-matter")
-    try:
-        text = sandbox_environment("preset").from_string(source).render().strip()
-    except TemplateError as exc:
-        raise PromptError(f"{marker_path()}: {exc}") from exc
-    if not text:
-        raise PromptError(f"{marker_path()}: the marker renders no text")
-    return text
+def _render_marker(source: str) -> str:
+    return _render(source, marker_path())
 
 
 def marker_text(source: str | None = None) -> str:
@@ -129,4 +142,13 @@ def marker_text(source: str | None = None) -> str:
     with no variables at all, so nothing but the file can change it."""
     if source is None:
         source = marker_path().read_text(encoding="utf-8")
-    return _render(source)
+    return _render_marker(source)
+
+
+def summary_marker_text(summary: str, source: str | None = None) -> str:
+    """The text of the segment that follows the marker with a summary of the turns left
+    out: the `history_summary` template (or `source`) given the summary alone. Rendered
+    once per summary, whose segment is then stored as ids."""
+    if source is None:
+        source = marker_path(SUMMARY_MARKER).read_text(encoding="utf-8")
+    return _render(source, marker_path(SUMMARY_MARKER), summary=summary)

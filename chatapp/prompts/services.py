@@ -23,7 +23,7 @@ import hmac
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chatapp.prompts.encoding import TokenEncoder, check_text
 from chatapp.prompts.errors import (
@@ -101,8 +101,8 @@ def prefix_hash(token_ids: Sequence[int]) -> str:
 class Segment:
     """Where one part of a prompt lies: token_ids[start:end]."""
 
-    kind: str  # "system", "cut" (the marker of left-out turns), "history", "user",
-    # "generation_prompt"
+    kind: str  # "system", "cut" (the marker of left-out turns), "summary" (of those
+    # turns, after the marker), "history", "user", "generation_prompt"
     start: int
     end: int
 
@@ -283,6 +283,14 @@ class PromptBuilder:
             self._markers[key] = tuple(self._pad(ids, self.encoder.trusted(parts[2])))
         return list(self._markers[key])
 
+    def summary_segment(self, text: str) -> list[int]:
+        """The segment after the marker that holds a summary of the left-out turns: a
+        system turn of its own (`text`, the summary marker template's rendering), padded
+        to whole blocks like the marker, so the kept turns still start on a boundary.
+        Encoded once, when the summary is stored; prompts use the stored ids."""
+        parts = self.chat_format.turn_parts("system", text)
+        return self._pad(self.encoder.parts(*parts), self.encoder.trusted(parts[2]))
+
     def user_segment(
         self, text: str, *, opening: bool = False, after_system: bool = False
     ) -> list[int]:
@@ -351,6 +359,7 @@ class PromptBuilder:
         cache_salt: str | None = None,
         limit: ContextLimit | None = None,
         turn_starts: Sequence[bool] | None = None,
+        summary: Callable[[int], Sequence[int] | None] | None = None,
     ) -> PromptPlan:
         """The prompt for the reply to `new_user_text`.
 
@@ -360,8 +369,10 @@ class PromptBuilder:
         that runs it: inference.sampling_params.check_context_length). With one, the
         oldest whole turns are left out as chatapp.prompts.history says; `turn_starts`
         marks the history segments that begin a turn (default: every other one, user
-        messages and their replies alternating). ContextExceeded when the new turn
-        alone leaves no room for a reply.
+        messages and their replies alternating). `summary(n)`: the stored summary segment
+        of a cut that leaves out the first n history segments, or None (the marker
+        alone); it stands after the marker, within the room `limit.summary_tokens` holds.
+        ContextExceeded when the new turn alone leaves no room for a reply.
         """
         system = self._check_ids(system_ids, "system segment")
         history = [
@@ -384,7 +395,7 @@ class PromptBuilder:
         elif len(turn_starts) != len(history):
             raise PromptError("turn_starts needs one entry per history segment")
         starts = [False, *turn_starts, True, False]
-        return self._plan(*self._cut(pieces, starts, limit), preset, cache_salt)
+        return self._plan(*self._cut(pieces, starts, limit, summary), preset, cache_salt)
 
     def build_from_turns(
         self,
@@ -447,10 +458,12 @@ class PromptBuilder:
         return self._plan(*self._cut(pieces, starts, limit), (None, None), cache_salt)
 
     def _cut(self, pieces: list[tuple[str, Sequence[int]]], starts: list[bool],
-             limit: ContextLimit) -> tuple[list[tuple[str, Sequence[int]]], HistoryCut | None]:
+             limit: ContextLimit, summary: Callable[[int], Sequence[int] | None] | None = None,
+             ) -> tuple[list[tuple[str, Sequence[int]]], HistoryCut | None]:
         """`pieces` ("system" first, possibly empty; the reply header last, if any) with the
-        oldest whole turns left out behind the marker, as chatapp.prompts.history rules.
-        `starts[i]`: piece i begins a turn."""
+        oldest whole turns left out behind the marker (and the cut's summary, where
+        `summary` has one), as chatapp.prompts.history rules. `starts[i]`: piece i
+        begins a turn."""
         system = pieces[0][1]
         header = list(pieces[-1][1]) if pieces[-1][0] == "generation_prompt" else []
         end = len(pieces) - 1 if header else len(pieces)
@@ -466,8 +479,10 @@ class PromptBuilder:
         marker = self.marker_segment(after_system=bool(system))
         fixed = len(system) + len(header)
         heads = [len(pieces[g[0]][1]) for g in groups[:-1]] + [length(groups[-1]) if groups else 0]
+        # The summary's room counts whether or not it is ready: the cuts fall where they
+        # would with it, so its arrival never moves them.
         first, previous = first_kept_turn([length(g) for g in groups[:-1]], heads, fixed=fixed,
-                                          marker=len(marker), limit=limit)
+                                          marker=len(marker) + limit.summary_tokens, limit=limit)
         if first == 0:
             kept, cut = pieces, None
         else:
@@ -475,11 +490,24 @@ class PromptBuilder:
             cut = HistoryCut(turns=first, messages=len(left_out),
                              tokens=sum(len(pieces[i][1]) for i in left_out),
                              marker_tokens=len(marker), new=first != previous)
-            kept = [pieces[0], ("cut", marker), *pieces[groups[first][0]:]]
+            after = self._stored_summary(summary, len(left_out), limit)
+            rest = pieces[groups[first][0]:]
+            kept = [pieces[0], ("cut", marker), *rest]
+            if after and sum(len(seg) for _, seg in kept) + len(after) < limit.max_model_len:
+                kept.insert(2, ("summary", after))
+                cut = replace(cut, summary_tokens=len(after))
         total = sum(len(seg) for _, seg in kept)
         if total >= limit.max_model_len:
             raise ContextExceeded(total, limit.max_model_len)
         return kept, cut
+
+    def _stored_summary(self, summary, left_out: int, limit: ContextLimit) -> list[int]:
+        """The cut's stored summary segment, if it has one that fits the room held for it."""
+        ids = summary(left_out) if summary is not None and limit.summary_tokens else None
+        if not ids:
+            return []
+        ids = self._check_ids(ids, "summary segment")
+        return ids if len(ids) <= limit.summary_tokens else []
 
     def _assistant_from_api(self, text: str, lookup, opening: bool) -> list[int]:
         if lookup is not None:

@@ -72,7 +72,7 @@ FORMAT_VARIABLES = frozenset(
     {"messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"}
 )
 
-_FRONT_MATTER = re.compile(r"\A\s*\{#-?\s*(preset|format|marker)\b[^\n]*\n(.*?)-?#\}", re.DOTALL)
+_FRONT_MATTER = re.compile(r"\A\s*\{#-?\s*(preset|format|marker|instruction)\b[^\n]*\n(.*?)-?#\}", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Problem:
 
 @dataclass
 class FrontMatter:
-    kind: str | None  # "preset", "format", "marker", or None when the file has none
+    kind: str | None  # "preset", "format", "marker", "instruction", or None: the file has none
     meta: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
 

@@ -1,0 +1,104 @@
+"""Summaries of the turns a history cut leaves out (CHAT_HISTORY_SUMMARY, off by default).
+
+What the prompt manager owns of them: whether they are on, the room a cut holds for one
+(CHAT_HISTORY_SUMMARY_TOKENS, whole blocks), the request that asks the model for one
+(`templates/prompts/instructions/summarise_history.jinja`), and the segment a summary
+becomes after the marker (`templates/prompts/markers/history_summary.jinja`), cut to
+that room. Asking, storing and dispatching belong to the chat service
+(chatapp.generation.summaries).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from jinja2 import TemplateError
+
+from chatapp.prompts.errors import PromptError
+from chatapp.prompts.history import summary_marker_text
+from chatapp.prompts.presets import setting, templates_dir
+from chatapp.prompts.services import PromptBuilder
+from chatapp.prompts.templating import parse_front_matter, sandbox_environment
+
+DEFAULT_SUMMARY_TOKENS = 256
+REQUEST = "summarise_history"
+# About how many words the model writes per token of English text.
+WORDS_PER_TOKEN = 0.6
+
+
+def summaries_enabled() -> bool:
+    """settings.CHAT_HISTORY_SUMMARY: a cut asks the model for a summary of what it left out."""
+    return bool(setting("CHAT_HISTORY_SUMMARY", False))
+
+
+def summary_room(block_size: int) -> int:
+    """The tokens a cut holds after the marker for a summary: CHAT_HISTORY_SUMMARY_TOKENS
+    rounded up to whole blocks when summaries are on, else 0."""
+    if not summaries_enabled():
+        return 0
+    tokens = max(0, int(setting("CHAT_HISTORY_SUMMARY_TOKENS", DEFAULT_SUMMARY_TOKENS)))
+    return -(-tokens // block_size) * block_size
+
+
+def request_path():
+    return templates_dir() / "instructions" / f"{REQUEST}.jinja"
+
+
+@functools.lru_cache(maxsize=8)
+def _render_request(source: str, max_words: int) -> str:
+    fm = parse_front_matter(source)
+    if fm.kind != "instruction" or fm.error:
+        raise PromptError(f"{request_path()}: missing or invalid '{{#- instruction ... #}}' "
+                          "front-matter")
+    try:
+        text = sandbox_environment("preset").from_string(source).render(max_words=max_words)
+    except TemplateError as exc:
+        raise PromptError(f"{request_path()}: {exc}") from exc
+    if not text.strip():
+        raise PromptError(f"{request_path()}: the request renders no text")
+    return text.strip()
+
+
+def request_text(max_words: int, source: str | None = None) -> str:
+    """The user turn that asks for the summary, sent after the turns left out."""
+    if source is None:
+        source = request_path().read_text(encoding="utf-8")
+    return _render_request(source, int(max_words))
+
+
+def max_summary_tokens(builder: PromptBuilder, room: int) -> int:
+    """How many tokens the model may write for a summary that must fit `room`: the room
+    less what the segment takes around an empty summary (padding aside)."""
+    parts = builder.chat_format.turn_parts("system", summary_marker_text(""))
+    return max(0, room - len(builder.encoder.parts(*parts)))
+
+
+def max_summary_words(tokens: int) -> int:
+    return max(1, int(tokens * WORDS_PER_TOKEN))
+
+
+def summary_segment(builder: PromptBuilder, text: str, room: int) -> list[int] | None:
+    """The stored segment of a summary the model wrote (`text`): the summary marker
+    rendered around it, encoded and padded to whole blocks, its last words dropped until
+    it fits `room`; None when no words of it fit (or it has none)."""
+    # A NUL or a lone surrogate (random ids can decode to them) is no text to keep.
+    words = text.replace("\x00", "").encode("utf-8", "ignore").decode("utf-8").split()
+
+    def segment(n: int) -> list[int]:
+        return builder.summary_segment(summary_marker_text(" ".join(words[:n])))
+
+    if not words:
+        return None
+    whole = segment(len(words))
+    if len(whole) <= room:
+        return whole
+    # The longest prefix of whole words that fits: a segment grows with its words.
+    lo, hi, best = 1, len(words) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        ids = segment(mid)
+        if len(ids) <= room:
+            best, lo = ids, mid + 1
+        else:
+            hi = mid - 1
+    return best
