@@ -87,13 +87,14 @@ async def reply_stream(
     *, started: replies.Started, group: str, first: dict, on_close: Callable[[], None],
 ) -> AsyncIterator[bytes]:
     """Generate reply `reply_id` and relay its events, from the chat page's own group (a
-    page watching the conversation sees the reply too), as server-sent events. If the
-    client goes away, a reply generated here is stopped (kept as 'stopped')."""
+    page watching the conversation sees the reply too), as server-sent events. A client
+    that goes away stops nothing, as a closed chat page does not: the reply goes on and is
+    stored as it streams (GET the message, or open the chat page, which resumes it); only
+    Stop stops it. The key's slot is held until the reply ends."""
     layer = get_channel_layer()
     channel = await layer.new_channel()
     await layer.group_add(group, channel)
-    # A reply queued for a worker (remote) streams through the same group; it goes on
-    # if this client leaves, as a long generation should.
+    # A reply queued for a worker (remote) streams through the same group.
     reply_id = started.reply_id
     task = started.run()
     try:
@@ -109,7 +110,10 @@ async def reply_stream(
         if task is not None:
             await task
     finally:
-        if task is not None and not task.done():
-            task.cancel()  # run_reply aborts the engine request and keeps the text as stopped
         await layer.group_discard(group, channel)
-        on_close()
+        if task is not None and not task.done():
+            # Unwatched, the reply still counts against the key until it ends: leaving
+            # the stream is no way around the key's concurrency limit.
+            task.add_done_callback(lambda _: on_close())
+        else:
+            on_close()

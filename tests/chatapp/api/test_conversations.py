@@ -4,6 +4,7 @@ SSE), the message tree, stop, export, delete."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx2 as httpx
 import pytest
@@ -156,3 +157,24 @@ def test_continue_generates_more_of_a_reply_cut_at_its_length_limit(api):
     api.post(f"/conversations/{cid}/messages/", json={"content": "Thanks."})
     refused = api.post(f"/conversations/{cid}/messages/{reply['id']}/continue/")
     assert refused.status_code == 400 and "last reply" in refused.text
+
+
+def test_a_streamed_reply_whose_client_leaves_goes_on_to_its_end(api):
+    """Leaving the stream is not Stop: the reply is generated to its end and stored whole,
+    as a closed chat page's is."""
+    cid = api.post("/conversations/", json={"preset_id": "general"}).json()["id"]
+    with api.stream("POST", f"/conversations/{cid}/messages/",
+                    json={"content": "Count from 1 to 40.", "stream": True}) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        reply_id = json.loads(first[len("data: "):])["reply"]["id"]
+        next(line for line in lines if line.startswith("event: message.delta"))
+    # The connection is closed here, mid-reply.
+    for _ in range(600):
+        reply = api.get(f"/conversations/{cid}/messages/{reply_id}/").json()
+        if reply["status"] not in ("pending", "streaming"):
+            break
+        time.sleep(0.5)
+    assert reply["status"] == "done", reply
+    assert reply["content"] and reply["usage"]["completion_tokens"] >= 1
