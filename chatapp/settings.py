@@ -186,6 +186,10 @@ CHAT_TOP_P = float(os.environ.get("CHAT_TOP_P", "0.9"))
 # model's context) keeps a chat's prompt and reply within fewer tokens than the model has.
 CHAT_HISTORY_TARGET = float(os.environ.get("CHAT_HISTORY_TARGET", "0.5"))
 CHAT_CONTEXT_TOKENS = int(os.environ.get("CHAT_CONTEXT_TOKENS", "0"))
+# At a cut, ask the model once for a summary of the turns left out; later prompts of
+# that cut show it after the marker, in at most CHAT_HISTORY_SUMMARY_TOKENS (whole blocks).
+CHAT_HISTORY_SUMMARY = env_bool("CHAT_HISTORY_SUMMARY", False)
+CHAT_HISTORY_SUMMARY_TOKENS = int(os.environ.get("CHAT_HISTORY_SUMMARY_TOKENS", "256"))
 # A streamed reply goes out in batches of this many tokens (or after CHAT_STREAM_FLUSH_S).
 CHAT_STREAM_BATCH_TOKENS = int(os.environ.get("CHAT_STREAM_BATCH_TOKENS", "4"))
 CHAT_STREAM_FLUSH_S = float(os.environ.get("CHAT_STREAM_FLUSH_S", "0.1"))

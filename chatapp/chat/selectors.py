@@ -6,7 +6,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Q, QuerySet
 
 from chatapp.chat.errors import NotFound
-from chatapp.chat.models import Conversation, Message
+from chatapp.chat.models import Conversation, HistorySummary, Message
 
 
 def conversation_list(*, user: AbstractBaseUser, search: str = "") -> QuerySet[Conversation]:
@@ -81,3 +81,11 @@ def current_branch(*, conversation: Conversation) -> list[Message]:
     """The branch from the root to the latest leaf (empty for a new conversation)."""
     leaf = latest_leaf(conversation=conversation)
     return message_path(message=leaf) if leaf is not None else []
+
+
+def ready_summary_ids(*, message: Message) -> list[int] | None:
+    """The stored summary segment of the history cut whose last left-out message is
+    `message`, once it is ready; None before then, or when it failed."""
+    return (HistorySummary.objects.filter(last_left_out_id=message.pk,
+                                          status=HistorySummary.Status.READY)
+            .values_list("token_ids", flat=True).first())

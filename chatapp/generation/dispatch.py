@@ -67,6 +67,7 @@ def use_worker(*, max_new_tokens: int, model: str = "") -> bool:
 
 REPLY_TASK = "chatapp.generation.generate_reply"
 COMPLETION_TASK = "chatapp.generation.generate_completion"
+SUMMARY_TASK = "chatapp.generation.generate_summary"
 
 
 def enqueue_reply(*, reply: Message, model: str = "") -> str | None:
@@ -106,3 +107,22 @@ def enqueue_completion(*, job: dict, channel: str, queue: str) -> None:
             "The request could not be queued: the generation service is unavailable. "
             "Try again in a moment."
         ) from None
+
+
+def enqueue_summary(*, summary_id: int, max_tokens: int, preferred: str, model: str = "") -> bool:
+    """Queue the generation of history summary `summary_id` (at most `max_tokens`) for a
+    worker when the rule says so, preferring `preferred`, the engine that served the turn
+    that made the cut (it holds the turns to summarise); False: it runs here. A broker
+    that is down leaves it to run here too: a summary is never worth an error."""
+    if not use_worker(max_new_tokens=max_tokens, model=model):
+        return False
+    queue = router.queue_for(preferred=preferred if registry.available() else "", model=model)
+    if queue is None:
+        return False
+    try:
+        celery_app.send_task(SUMMARY_TASK, (summary_id,), queue=queue, retry=True)
+    except OperationalError:
+        log.warning("Queueing history summary %s failed; generating it here", summary_id,
+                    exc_info=True)
+        return False
+    return True

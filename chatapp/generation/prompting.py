@@ -4,7 +4,9 @@ History longer than the context is cut by the prompt manager (chatapp.prompts.hi
 against the context of the engine that runs the reply, less CHAT_CONTEXT_TOKENS where
 that is set; how many tokens the reply may take is still decided against that engine
 (chatapp.generation.jobs and the engine's add_request). A message that alone leaves no
-room for a reply is refused before it is stored (check_new_message).
+room for a reply is refused before it is stored (check_new_message). With summaries on
+(CHAT_HISTORY_SUMMARY), every cut holds room after the marker for the summary of its
+left-out turns, and shows the stored one once it is ready.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from chatapp.generation.served_models import UnknownModel
 from chatapp.prompts.errors import ContextExceeded, PromptError
 from chatapp.prompts.history import ContextLimit, history_target
 from chatapp.prompts.profile import record_prompt
-from chatapp.prompts.services import PromptBuilder, PromptPlan, builder_for, cache_salt_for
+from chatapp.prompts.services import (
+    PromptBuilder,
+    PromptPlan,
+    builder_for,
+    cache_salt_for,
+    default_block_size,
+)
+from chatapp.prompts.summaries import summary_room
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +50,13 @@ def context_tokens(model: str = "", *, chat: bool = True) -> int:
 
 def context_limit(model: str = "", reply_tokens: int | None = None) -> ContextLimit:
     """What a chat prompt must fit: the context, the reply's budget (CHAT_MAX_NEW_TOKENS,
-    at most half the context) and CHAT_HISTORY_TARGET."""
+    at most half the context), CHAT_HISTORY_TARGET and the room a cut holds for a
+    summary (CHAT_HISTORY_SUMMARY_TOKENS when summaries are on)."""
     tokens = context_tokens(model)
     if reply_tokens is None:
         reply_tokens = settings.CHAT_MAX_NEW_TOKENS
-    return ContextLimit(tokens, min(int(reply_tokens), tokens // 2), history_target())
+    return ContextLimit(tokens, min(int(reply_tokens), tokens // 2), history_target(),
+                        summary_room(default_block_size()))
 
 
 class PromptFailure(Exception):
@@ -74,20 +85,36 @@ def build_reply_prompt(*, tokenizer, conversation, history: list) -> PromptPlan:
     return plan
 
 
-def _build(builder: PromptBuilder, conversation, history: list) -> PromptPlan:
+def _build(builder: PromptBuilder, conversation, history: list, text: str | None = None,
+           ) -> PromptPlan:
     """The plan for a reply to history[-1], its oldest turns left out where the history
-    no longer fits the context (a turn begins at each user message)."""
-    earlier = history[:-1]
+    no longer fits the context (a turn begins at each user message), with the stored
+    summary of a cut that has one. `text`: a new message after the whole of `history`
+    instead (a summary's request)."""
+    earlier, text = (history[:-1], history[-1].content) if text is None else (history, text)
     return builder.build(
         _system_ids(builder, conversation),
         [list(m.token_ids) for m in earlier],
-        history[-1].content,
+        text,
         preset_id=conversation.preset_id,
         preset_version=conversation.preset_version or None,
         cache_salt=cache_salt_for(conversation.owner),
         limit=context_limit(conversation.model),
         turn_starts=[m.role == Message.Role.USER for m in earlier],
+        # A cut is known by the last message it leaves out.
+        summary=lambda left_out: selectors.ready_summary_ids(message=earlier[left_out - 1]),
     )
+
+
+def build_summary_prompt(*, tokenizer, conversation, left_out: list, request: str) -> PromptPlan:
+    """The prompt that asks for a summary of `left_out` (root .. the last message a cut
+    leaves out): the conversation's own prompt up to that message (cut as its turns were,
+    with an earlier cut's summary, so mostly blocks the prefix cache still holds), then
+    `request` as a user turn. PromptFailure when it cannot be built."""
+    try:
+        return _build(builder_for(tokenizer), conversation, left_out, request)
+    except PromptError as exc:
+        raise PromptFailure(sentence(str(exc), "The summary's prompt failed.")) from exc
 
 
 def check_new_message(*, conversation, content: object) -> None:

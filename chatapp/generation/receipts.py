@@ -11,8 +11,9 @@ from dataclasses import dataclass, replace
 from chatapp.chat import selectors
 from chatapp.chat.models import Message
 
-SEGMENTS = {"system": "system prompt", "cut": "history cut", "history": "earlier message",
-            "user": "new message", "generation_prompt": "reply header"}
+SEGMENTS = {"system": "system prompt", "cut": "history cut", "summary": "history summary",
+            "history": "earlier message", "user": "new message",
+            "generation_prompt": "reply header"}
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,14 @@ def _first_difference(reply: Message, plan, path: list[Message]) -> Divergence |
         return None
     system = next((seg for seg in plan.segments if seg.kind == "system"), None)
     marker = next((seg for seg in plan.segments if seg.kind == "cut"), None)
+    summary = next((seg for seg in plan.segments if seg.kind == "summary"), None)
     before = list(plan.token_ids[: system.end]) if system is not None else []
     previous_path = selectors.message_path(message=previous)
     if marker is not None and not plan.cut.new:
-        # The previous turn kept the same turns behind the same marker.
-        before = list(plan.token_ids[: marker.end])
+        # The previous turn kept the same turns behind the same marker, and the same
+        # summary after it unless that became ready since (this turn's one miss).
+        shown = summary is not None and _showed_summary(previous)
+        before = list(plan.token_ids[: (summary if shown else marker).end])
         previous_path = previous_path[plan.cut.messages:]
     for message in previous_path:
         before.extend(message.token_ids)
@@ -73,15 +77,23 @@ def _first_difference(reply: Message, plan, path: list[Message]) -> Divergence |
     return Divergence(at, None, "prompt")
 
 
+def _showed_summary(reply: Message) -> bool:
+    """Whether `reply`'s prompt had a history summary after the marker (its receipt)."""
+    cut = (reply.prefix_cache or {}).get("history_cut") or {}
+    return bool(cut.get("summary_tokens"))
+
+
 def history_cut(*, plan, path: list[Message]) -> dict | None:
     """What the receipt says of a prompt whose oldest turns were left out (`plan` built
     from `path`): how many turns, messages and tokens, whether this turn made the cut
-    (its one miss), and the first message the model still sees (the page's divider)."""
+    (its one miss), the first message the model still sees (the page's divider), and
+    the tokens of the summary shown after the marker (0: the marker alone)."""
     cut = plan.cut
     if cut is None:
         return None
     return {"turns": cut.turns, "messages": cut.messages, "tokens": cut.tokens,
-            "new": cut.new, "first_message_id": path[cut.messages].pk}
+            "new": cut.new, "first_message_id": path[cut.messages].pk,
+            "summary_tokens": cut.summary_tokens}
 
 
 def shown_reason(reason: str, matched_tokens: int) -> str:

@@ -23,7 +23,15 @@ from chatapp.chat import selectors
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Conversation, Message
 from chatapp.chat.payloads import message_dict
-from chatapp.generation import dispatch, lifecycle, orphans, prompting, receipts, served_models
+from chatapp.generation import (
+    dispatch,
+    lifecycle,
+    orphans,
+    prompting,
+    receipts,
+    served_models,
+    summaries,
+)
 from chatapp.generation.embedded import aget_engine
 from chatapp.generation.events import publish
 from chatapp.generation.jobs import Generation, Job, Options, run_here
@@ -163,6 +171,7 @@ class Prepared:
     kept_ids: list[int]  # those ids (empty for a new reply)
     kept_text: str
     marked: bool = True  # marked streaming; False: the row ended meanwhile (not ours now)
+    summary_id: int | None = None  # the summary its history cut asked for, to start after it
 
 
 def _prepare(reply_id: int, tokenizer, engine_id: str) -> Prepared:
@@ -182,8 +191,9 @@ def _prepare(reply_id: int, tokenizer, engine_id: str) -> Prepared:
     segment = builder_for(tokenizer).assistant_segment(kept, False)
     marked = lifecycle.reply_mark_streaming(reply=reply, served_by=engine_id,
                                             segment_token_ids=segment)
+    summary_id = summaries.ask(conversation=reply.conversation, plan=plan, path=path)
     return Prepared(reply, plan, diverged, list(plan.token_ids) + kept, kept,
-                    reply.content if kept else "", marked)
+                    reply.content if kept else "", marked, summary_id)
 
 
 def _failed(reply_id: int) -> tuple[str, dict]:
@@ -381,4 +391,13 @@ async def _generate(run: ReplyRun) -> dict:
         log.exception("Generating reply %s failed", reply_id)
         error = "Generation failed inside the engine; see the server log."
     await _send(run, run.flush())
-    return await _finish(run, run.final_fields(error=error))
+    final = await _finish(run, run.final_fields(error=error))
+    if prepared.summary_id is not None:
+        # After the reply, which the user waits for; the summary is background work.
+        try:
+            await summaries.start(prepared.summary_id, reply_id=reply_id,
+                                  detached=not run.lease)
+        except Exception:
+            log.warning("Starting history summary %s failed", prepared.summary_id,
+                        exc_info=True)
+    return final

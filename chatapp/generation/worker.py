@@ -17,7 +17,7 @@ from celery.signals import celeryd_after_setup, worker_process_init, worker_proc
 from django.conf import settings
 from django.db import close_old_connections
 
-from chatapp.generation import registry, remote, replies, served_models
+from chatapp.generation import registry, remote, replies, served_models, summaries
 from chatapp.generation.embedded import get_engine, loaded_engine
 from chatapp.generation.jobs import Job
 from chatapp.generation.lifecycle import Claim, reply_claim
@@ -121,6 +121,13 @@ def complete(job: dict, channel: str, *, holder: str) -> dict:
     with _busy():
         result = asyncio.run(remote.serve(request, channel))
     return {**result, "request_id": request.request_id, "worker": holder}
+
+
+def summarise(summary_id: int, *, holder: str) -> dict:
+    """Run the task for history summary `summary_id`: {"outcome": its status after}."""
+    with _busy():
+        status = asyncio.run(summaries.generate(summary_id))
+    return {"summary_id": summary_id, "outcome": status, "worker": holder}
 
 
 @contextlib.contextmanager

@@ -9,7 +9,10 @@ message (what the prompt builder does) equals rendering the whole conversation.
 A marker (the segment standing for turns left out of a long conversation) gets the
 static checks and the double render, takes no variables, pads to whole blocks after a
 block-aligned system segment in every chat format, and a long conversation replayed
-against a small context keeps extending its prompt between cuts.
+against a small context keeps extending its prompt between cuts. The summary marker
+(after it, holding a summary of those turns) takes the summary alone and is checked the
+same way with one. An instruction (a request the service itself sends as a user turn,
+such as asking for that summary) gets the static checks and the double render.
 Every problem names the template and, for divergences, the first token that differs.
 """
 
@@ -27,9 +30,16 @@ from chatapp.prompts.compare import describe_divergence, first_divergence
 from chatapp.prompts.encoding import TokenEncoder
 from chatapp.prompts.errors import FormatError, PromptError
 from chatapp.prompts.formats import ChatFormat, formats_dir, list_formats
-from chatapp.prompts.history import ContextLimit, marker_path, marker_text
+from chatapp.prompts.history import (
+    SUMMARY_MARKER,
+    ContextLimit,
+    marker_path,
+    marker_text,
+    summary_marker_text,
+)
 from chatapp.prompts.presets import is_frozen, parse_preset, presets_dir, read_variables
 from chatapp.prompts.services import PromptBuilder
+from chatapp.prompts.summaries import request_path, request_text
 from chatapp.prompts.templating import (
     CLOCK_NAMES,
     RANDOM_NAMES,
@@ -459,19 +469,24 @@ def _check_format_tokens(fmt: ChatFormat, tokenizer, result: LintResult) -> None
 
 
 def _replay_cuts(builder: PromptBuilder, system_ids: list[int], marker: list[int],
-                 turns: int = 24) -> tuple[str | None, int]:
+                 turns: int = 24, summary: list[int] | None = None) -> tuple[str | None, int]:
     """A conversation of `turns` turns against a context it outgrows; (what went wrong or
     None, how many cuts). Between cuts each prompt must extend the previous prompt and
-    reply; after a cut it must start with the system segment and the marker."""
+    reply; after a cut it must start with the system segment and the marker (and the
+    `summary` segment, given one, which every cut then has)."""
     enc = builder.encoder
-    limit = ContextLimit(max_model_len=len(system_ids) + len(marker) + 320, reply_tokens=32)
+    room = len(summary or ())
+    limit = ContextLimit(max_model_len=len(system_ids) + len(marker) + room + 320,
+                         reply_tokens=32, summary_tokens=room)
+    marker = marker + list(summary or ())
     history: list[list[int]] = []
     previous: tuple[int, ...] = ()
     cuts = 0
     header = len(builder.generation_prompt())
     for turn in range(turns):
         user = REPLAY_USERS[turn % len(REPLAY_USERS)]
-        plan = builder.build(system_ids, history, user, limit=limit)
+        plan = builder.build(system_ids, history, user, limit=limit,
+                             summary=(lambda _: summary) if summary else None)
         ids = plan.token_ids
         if plan.cut is not None and plan.cut.new:
             cuts += 1
@@ -487,19 +502,41 @@ def _replay_cuts(builder: PromptBuilder, system_ids: list[int], marker: list[int
     return None, cuts
 
 
+# What a summary marker is linted with: a summary as a model might write one.
+EXAMPLE_SUMMARY = ("The user asked about prime numbers and Python; the assistant listed 2, 3 "
+                   "and 5 and wrote print('hi'). They agreed to meet in 東京 on Monday 🙂.")
+
+
+def _declared(fm, result: LintResult) -> frozenset[str]:
+    """The variables a marker's or an instruction's front-matter declares."""
+    defaults, required, problems = read_variables(fm.meta)
+    result.problems += problems
+    return frozenset(defaults) | frozenset(required)
+
+
 def lint_marker(path: Path, source: str, *, tokenizer) -> LintResult:
     result = LintResult(path=path, kind="marker", name=path.stem)
-    result.problems += static_problems(source, "preset")
     fm = parse_front_matter(source)
     if fm.error:
         result.add("front-matter", fm.error)
+        return result
+    names = _declared(fm, result)
+    # The summary marker takes the summary; any other marker, nothing.
+    allowed = frozenset({"summary"}) if path.stem == SUMMARY_MARKER else frozenset()
+    for name in sorted(names - allowed):
+        result.add("unknown-variable", f"a marker takes no variable '{name}'")
+    result.problems += static_problems(source, "preset", names & allowed)
     if result.problems:
         return result
+    values = {"summary": EXAMPLE_SUMMARY} if names else {}
     try:
-        texts = [text.strip() for text in _two_renders(source, "preset", lambda run: {})]
-        text = marker_text(source)
+        texts = [text.strip() for text in _two_renders(source, "preset", lambda run: values)]
+        text = summary_marker_text(EXAMPLE_SUMMARY, source) if names else marker_text(source)
     except Exception as exc:  # whatever it is, it is the template's fault
         result.add("render", f"fails in the production sandbox: {describe_jinja_error(exc)}")
+        return result
+    if names:
+        _check_summary_marker(result, texts, text, tokenizer)
         return result
     # In every format (one this tokenizer lacks the tokens of is checked with them as
     # text): the marker pads to whole blocks after the system segment and a long
@@ -531,13 +568,81 @@ def lint_marker(path: Path, source: str, *, tokenizer) -> LintResult:
     return result
 
 
+def _check_summary_marker(result: LintResult, texts: list[str], text: str, tokenizer) -> None:
+    """In every format: the summary segment renders stably, ends on a block after the
+    system segment and the marker, and a long conversation with a summary at every cut
+    keeps extending its prompt between cuts."""
+    for fmt in list_formats():
+        try:
+            builder = PromptBuilder(tokenizer, block_size=16, chat_format=fmt)
+            runs = [builder.summary_segment(t) for t in texts]
+            if runs[0] != runs[1]:
+                result.add("unstable", "two renders under different clocks, random values and "
+                           "request ids give different tokens: "
+                           + describe_divergence(tokenizer, *runs, labels=("run 1", "run 2")))
+                return
+            system_ids = builder.system_segment_for_text("You are a helpful assistant.")
+            marker = builder.marker_segment()
+            summary = builder.summary_segment(text)
+            if len(summary) % builder.block_size:
+                result.add("alignment", f"format {fmt.name}: the summary segment "
+                           f"({len(summary)} tokens) does not end on a block")
+                continue
+            failure, cuts = _replay_cuts(builder, system_ids, marker, summary=summary)
+        except PromptError as exc:
+            result.add("history", f"format {fmt.name}: {exc}")
+            continue
+        if failure or not cuts:
+            result.add("history", f"format {fmt.name}: {failure or 'the replay never cut'}")
+        else:
+            result.notes.append(f"format {fmt.name}: a {len(summary)}-token summary segment; "
+                                f"a 24-turn replay cut {cuts} times, extending its prompt "
+                                "between cuts")
+
+
+# -- instructions ----------------------------------------------------------------------------
+
+
+def lint_instruction(path: Path, source: str, *, tokenizer) -> LintResult:
+    """A request the service sends as a user turn: static checks (its declared variables
+    only) and two renders that must give the same tokens."""
+    result = LintResult(path=path, kind="instruction", name=path.stem)
+    fm = parse_front_matter(source)
+    if fm.error:
+        result.add("front-matter", fm.error)
+        return result
+    names = _declared(fm, result)
+    result.problems += static_problems(source, "preset", names)
+    if result.problems:
+        return result
+    values = {name: 100 if name == "max_words" else f"<{name}>" for name in names}
+    try:
+        texts = _two_renders(source, "preset", lambda run: values)
+        if path.stem == request_path().stem:
+            request_text(100, source)
+    except Exception as exc:  # whatever it is, it is the template's fault
+        result.add("render", f"fails in the production sandbox: {describe_jinja_error(exc)}")
+        return result
+    encoder = TokenEncoder(tokenizer)
+    runs = [encoder.untrusted(text.strip()) for text in texts]
+    if not runs[0]:
+        result.add("render", "renders no text")
+    elif runs[0] != runs[1]:
+        result.add("unstable", "two renders under different clocks, random values and "
+                   "request ids give different tokens: "
+                   + describe_divergence(tokenizer, *runs, labels=("run 1", "run 2")))
+    else:
+        result.notes.append(f"{len(runs[0])} tokens, the same in both renders")
+    return result
+
+
 # -- entry points ----------------------------------------------------------------------------
 
 
 def default_paths() -> list[Path]:
-    """Every shipped preset, chat format and the history marker."""
+    """Every shipped preset, chat format, history marker and instruction."""
     return [*sorted(presets_dir().glob("*.jinja")), *sorted(formats_dir().glob("*.jinja")),
-            marker_path()]
+            marker_path(), marker_path(SUMMARY_MARKER), request_path()]
 
 
 def _expand(paths: Iterable[Path | str]) -> list[Path]:
@@ -551,7 +656,7 @@ def _kind(path: Path, source: str) -> str | None:
     fm = parse_front_matter(source)
     if fm.kind:
         return fm.kind
-    if path.parent.name in ("presets", "formats", "markers"):
+    if path.parent.name in ("presets", "formats", "markers", "instructions"):
         return path.parent.name[:-1]
     return None
 
@@ -569,10 +674,13 @@ def lint_file(path: Path | str, *, tokenizer) -> LintResult:
         return lint_format(path, source, tokenizer=tokenizer)
     if kind == "marker":
         return lint_marker(path, source, tokenizer=tokenizer)
+    if kind == "instruction":
+        return lint_instruction(path, source, tokenizer=tokenizer)
     problem = Problem(
         "front-matter",
-        "neither a preset, a chat format nor a marker: begin the file with "
-        "'{#- preset ... -#}', '{#- format ... -#}' or '{#- marker ... -#}'",
+        "neither a preset, a chat format, a marker nor an instruction: begin the file with "
+        "'{#- preset ... -#}', '{#- format ... -#}', '{#- marker ... -#}' or "
+        "'{#- instruction ... -#}'",
     )
     return LintResult(path, "unknown", path.stem, [problem])
 
@@ -588,6 +696,7 @@ __all__ = [
     "default_paths",
     "lint_file",
     "lint_format",
+    "lint_instruction",
     "lint_marker",
     "lint_paths",
     "lint_preset",

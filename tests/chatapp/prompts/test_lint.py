@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[3]
 def test_shipped_templates_pass(tokenizer):
     results = lint.lint_paths(tokenizer=tokenizer)
     kinds = {r.kind for r in results}
-    assert kinds == {"preset", "format", "marker"}
-    assert len(results) >= 6
+    assert kinds == {"preset", "format", "marker", "instruction"}
+    assert len(results) >= 8
     for result in results:
         assert result.ok, result.render_text()
     support = next(r for r in results if r.name.startswith("support@"))
@@ -32,10 +32,39 @@ def test_shipped_templates_pass(tokenizer):
     assert any("every prompt extends the previous one" in note for note in support.notes)
 
 
-def test_the_history_marker_is_linted_in_every_format(tokenizer):
-    (marker,) = [r for r in lint.lint_paths(tokenizer=tokenizer) if r.kind == "marker"]
-    assert marker.ok, marker.render_text()
-    assert sum("extending its prompt between cuts" in note for note in marker.notes) == 4
+def test_the_history_markers_are_linted_in_every_format(tokenizer):
+    markers = {r.name: r for r in lint.lint_paths(tokenizer=tokenizer) if r.kind == "marker"}
+    assert set(markers) == {"history_cut", "history_summary"}
+    for marker in markers.values():
+        assert marker.ok, marker.render_text()
+        assert sum("extending its prompt between cuts" in note for note in marker.notes) == 4
+    assert all("summary segment" in note for note in markers["history_summary"].notes)
+
+
+def test_a_summary_marker_takes_the_summary_alone(tokenizer, tmp_path):
+    head = '{#- marker\ntitle = "t"\n[variables]\nsummary = "s"\nlanguage = "en"\n-#}\n'
+    path = tmp_path / "markers" / "history_summary.jinja"
+    path.parent.mkdir()
+    path.write_text(head + "Summary ({{ language }}): {{ summary }}\n")
+    result = lint.lint_file(path, tokenizer=tokenizer)
+    assert any(p.code == "unknown-variable" and "language" in p.message
+               for p in result.problems), result.render_text()
+    path.write_text('{#- marker\ntitle = "t"\n[variables]\nsummary = "s"\n-#}\n'
+                    "Summary of {{ now() }}: {{ summary }}\n")
+    result = lint.lint_file(path, tokenizer=tokenizer)
+    assert any(p.code == "clock" for p in result.problems), result.render_text()
+
+
+def test_the_summary_request_is_linted_as_an_instruction(tokenizer, tmp_path):
+    (request,) = [r for r in lint.lint_paths(tokenizer=tokenizer) if r.kind == "instruction"]
+    assert request.ok and request.name == "summarise_history", request.render_text()
+    path = tmp_path / "instructions" / "summarise_history.jinja"
+    path.parent.mkdir()
+    path.write_text('{#- instruction\ntitle = "t"\n[variables]\nmax_words = 1\n-#}\n'
+                    "Summarise in {{ max_words }} words, as of {{ now() }}.\n")
+    result = lint.lint_file(path, tokenizer=tokenizer)
+    assert not result.ok and result.kind == "instruction"
+    assert any(p.code == "clock" for p in result.problems), result.render_text()
 
 
 def test_a_marker_that_reads_the_clock_or_a_variable_fails(tokenizer, tmp_path):
