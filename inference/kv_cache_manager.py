@@ -119,8 +119,9 @@ class KVCacheManager:
         if not self.enable_caching:
             return GroupHits([], [[] for _ in self.groups.layers]) if self.hybrid else []
         self.update_block_hashes(seq)
-        # The last token must be computed to produce logits, so cap the hit below it.
-        max_blocks = (seq.num_tokens - 1) // self.block_size
+        # The last token must be computed to produce logits (and a prompt being scored,
+        # every position it scores), so cap the hit below it.
+        max_blocks = seq.cacheable_tokens() // self.block_size
         if self.hybrid:
             return self._find_group_hits(seq, max_blocks)
         hits: list[Block] = []
@@ -207,7 +208,8 @@ class KVCacheManager:
                 b.from_tier = False  # counted once, by the request that first uses it
         self.prefix_cache_hits_tier += tier_blocks * self.block_size
         if seq.num_cached_tokens is None:  # the receipt of its first admission
-            if self.history is None:
+            # A prompt scored for its own logprobs reads nothing from the cache.
+            if self.history is None or seq.cacheable_tokens() < seq.num_tokens - 1:
                 seq.prefix_cache = disabled_record()
             else:
                 seq.prefix_cache, seq.cross_tenant_miss = self.history.explain(

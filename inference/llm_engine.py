@@ -20,6 +20,7 @@ from inference.miss_reason import SALT
 from inference.model_runner import ModelRunner
 from inference.models.registry import text_config
 from inference.outputs import RequestOutput
+from inference.prompt_logprobs import PromptScoring
 from inference.sampler import adjust_logits, sample, token_logprobs
 from inference.sampling_params import InvalidRequestError, SamplingParams, check_context_length
 from inference.scheduler import Scheduler
@@ -191,7 +192,8 @@ class LLMEngine:
             if s.num_computed_tokens + n == s.num_tokens
         ]
         try:
-            logits = self.runner.execute(sched.seqs, sched.num_tokens)
+            scoring = PromptScoring(sched.seqs, sched.num_tokens)
+            logits = self.runner.execute(sched.seqs, sched.num_tokens, scoring or None)
             # Penalties and logit_bias first: logprobs are of the distribution they leave.
             logits = adjust_logits(logits, sampling, self.eos_token_ids) if sampling else logits
             # Constrained rows masked by their grammars (a copy when logprobs must still
@@ -225,7 +227,7 @@ class LLMEngine:
         if seq.grammar is not None and not seq.grammar.accept(token):
             # Only a failed grammar (out of fuel: inference/grammar.LIMITS) gets here: a
             # masked draw never picks a refused token.
-            self.scheduler.finish(seq, "error", error=f"structured output: {seq.grammar.error()}")
+            self.scheduler.finish(seq, "error", error=seq.grammar.error())
             return
         if seq.first_token_time is None:
             seq.first_token_time = now
@@ -267,6 +269,9 @@ class LLMEngine:
         new_logprobs = (seq.logprobs[seq.sent_token_len : len(out_ids)]
                         if seq.params.logprobs is not None else None)
         seq.sent_token_len = len(out_ids)
+        prompt_logprobs = None
+        if seq.prompt_logprobs is not None and not seq.sent_prompt_logprobs:
+            prompt_logprobs, seq.sent_prompt_logprobs = seq.prompt_logprobs, True
         return RequestOutput(
             request_id=seq.request_id,
             index=seq.index,
@@ -282,6 +287,7 @@ class LLMEngine:
             error=seq.error,
             prefix_cache=seq.prefix_cache,
             new_logprobs=new_logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _finish_output(self, seq: Sequence) -> RequestOutput:

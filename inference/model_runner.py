@@ -20,6 +20,7 @@ from inference.kv_groups import GroupedMetadata, kv_groups, model_windows
 from inference.loader import model_cache_dir
 from inference.models.llama import RotaryEmbedding
 from inference.models.registry import build_model, text_config
+from inference.prompt_logprobs import PromptScoring
 from inference.quantize import cached_weights, quantize_model, quantized_cache_file
 from inference.sequence import Sequence
 from kernels import kv_quant
@@ -229,11 +230,15 @@ class ModelRunner:
         return input_ids, positions, meta, sample_rows
 
     @torch.inference_mode()
-    def execute(self, seqs: list[Sequence], num_tokens: list[int]) -> torch.Tensor | None:
+    def execute(self, seqs: list[Sequence], num_tokens: list[int],
+                scoring: PromptScoring | None = None) -> torch.Tensor | None:
         """Run one step; logits [rows, vocab], in the model's dtype, for the sequences
-        whose chunk reaches their end."""
+        whose chunk reaches their end. `scoring`: prompt positions whose next token's
+        logprob is recorded from this step's hidden states (inference.prompt_logprobs)."""
         input_ids, positions, meta, sample_rows = self.prepare(seqs, num_tokens)
         hidden = self.model(input_ids, positions, self.kv_cache, meta)
+        if scoring:
+            scoring.score(hidden, self.model.compute_logits)
         if not sample_rows:
             return None
         rows = torch.tensor(sample_rows, device=self.device)

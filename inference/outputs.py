@@ -43,3 +43,6 @@ class RequestOutput:
     metrics: dict = field(default_factory=dict)
     # One sampler.TokenLogprob per new_token_ids entry when the request asked for them.
     new_logprobs: list | None = None
+    # With SamplingParams.prompt_logprobs, on the first output of sample 0 only: one
+    # entry per prompt token, None for the first, sampler.TokenLogprob for the others.
+    prompt_logprobs: list | None = None

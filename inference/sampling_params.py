@@ -81,6 +81,12 @@ class SamplingParams:
     # Log-probabilities of each generated token and of this many most likely tokens at its
     # position (0-20, as OpenAI's top_logprobs); None: not computed.
     logprobs: int | None = None
+    # The prompt's own log-probabilities, of each prompt token but the first, with this
+    # many alternatives (0-20; vLLM's prompt_logprobs), computed during prefill
+    # (inference.prompt_logprobs); None: not computed. The prompt is then computed whole,
+    # not read from the prefix cache (the cache holds KV, not the logits); its blocks
+    # are still cached for later requests.
+    prompt_logprobs: int | None = None
     # Structured output: the reply must be JSON valid under this JSON Schema (JSON text).
     # LLMEngine.compile_grammar turns it into `grammar` (inference.grammar.Grammar) before
     # the request enters the engine; a schema it cannot honour is refused, never loosened.
@@ -122,6 +128,12 @@ class SamplingParams:
         ):
             raise InvalidRequestError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}]",
                                       "top_logprobs")
+        if self.prompt_logprobs is not None and (
+            isinstance(self.prompt_logprobs, bool) or not isinstance(self.prompt_logprobs, int)
+            or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+        ):
+            raise InvalidRequestError(
+                f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}]", "logprobs")
         if self.json_schema is not None and not isinstance(self.json_schema, str):
             raise InvalidRequestError("json_schema must be JSON text", "response_format")
         if isinstance(self.stop, str):

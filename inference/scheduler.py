@@ -95,7 +95,7 @@ class Scheduler:
             hits = self.kv.find_cached_blocks(seq)
             num_cached = len(hits)
             if inflight is not None and not inflight.extend_hits(
-                seq, hits, (seq.num_tokens - 1) // self.kv.block_size
+                seq, hits, seq.cacheable_tokens() // self.kv.block_size
             ):
                 # Its next blocks are being computed for another request: it shares
                 # them once they are complete.

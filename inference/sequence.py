@@ -70,6 +70,11 @@ class Sequence:
         self.prompt_token_set: torch.Tensor | None = None
         # Per generated token, when params.logprobs asks (sampler.TokenLogprob).
         self.logprobs: list = []
+        # With params.prompt_logprobs, one entry per prompt position scored so far, None
+        # for the first (nothing predicts it); the first sample scores it for all n.
+        self.prompt_logprobs: list | None = (
+            [None] if params.prompt_logprobs is not None and index == 0 else None)
+        self.sent_prompt_logprobs = False
         # Its place in the structured-output grammar (inference.grammar.Matcher), if any:
         # advanced only when a sampled token is appended, never by a recompute.
         self.grammar = params.grammar.matcher() if params.grammar is not None else None
@@ -95,6 +100,16 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    def cacheable_tokens(self) -> int:
+        """How many leading tokens may be read from the prefix cache: all but the last,
+        which is computed for its logits; while the prompt's own logprobs are being
+        scored, only those before the last position scored (the hidden state at a
+        position predicts the next token, and the cache holds KV, not hidden states)."""
+        n = self.num_tokens - 1
+        if self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens:
+            n = min(n, len(self.prompt_logprobs) - 1)
+        return n
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -20,12 +20,12 @@ def count_prompt_tokens(engine, monkeypatch) -> list[int]:
     per_step: list[int] = []
     real = engine.runner.execute
 
-    def execute(seqs, num_tokens):
+    def execute(seqs, num_tokens, scoring=None):
         per_step.append(sum(
             min(n, max(0, s.num_prompt_tokens - s.num_computed_tokens))
             for s, n in zip(seqs, num_tokens, strict=True)
         ))
-        return real(seqs, num_tokens)
+        return real(seqs, num_tokens, scoring)
 
     monkeypatch.setattr(engine.runner, "execute", execute)
     return per_step

@@ -53,11 +53,11 @@ def test_fault_in_a_step_fails_that_step_only(make_engine, monkeypatch):
     real = engine.runner.execute
     calls = {"n": 0}
 
-    def faulty(seqs, num_tokens):
+    def faulty(seqs, num_tokens, scoring=None):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("injected fault")
-        return real(seqs, num_tokens)
+        return real(seqs, num_tokens, scoring)
 
     monkeypatch.setattr(engine.runner, "execute", faulty)
     outs = engine.step()

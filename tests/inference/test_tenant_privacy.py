@@ -24,9 +24,9 @@ def counting(engine) -> list[list[int]]:
     steps: list[list[int]] = []
     execute = engine.runner.execute
 
-    def wrapped(seqs, num_tokens):
+    def wrapped(seqs, num_tokens, scoring=None):
         steps.append(list(num_tokens))
-        return execute(seqs, num_tokens)
+        return execute(seqs, num_tokens, scoring)
 
     engine.runner.execute = wrapped
     return steps
