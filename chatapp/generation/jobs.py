@@ -40,6 +40,9 @@ class Options:
     stop: tuple[str, ...] = ()
     # Log-probabilities of the generated tokens, with this many alternatives (None: off).
     logprobs: int | None = None
+    # Log-probabilities of the prompt's own tokens, with this many alternatives (None:
+    # off): the prompt is then computed whole (inference.prompt_logprobs).
+    prompt_logprobs: int | None = None
     # Structured output: the JSON Schema (JSON text) the reply must match (None: free
     # text). Carried as text, so the job stays plain data; the process that runs it
     # compiles it against its own engine's tokenizer (inference.grammar, cached there).
@@ -107,6 +110,7 @@ def sampling_params(job: Job, *, max_model_len: int, tokenizer):
         ignore_eos=opts.ignore_eos,
         min_tokens=opts.min_tokens,
         logprobs=opts.logprobs,
+        prompt_logprobs=opts.prompt_logprobs,
         json_schema=opts.json_schema,
     )
 
@@ -156,6 +160,9 @@ class Generation:
         self.cached_tokens = 0
         self.ttft: float | None = None
         self.prefix_cache = None  # the engine's receipt (inference.outputs.PrefixCacheRecord)
+        # With Options.prompt_logprobs: None for the first prompt token, then a
+        # TokenLogprob per prompt token (sent with sample 0's first output).
+        self.prompt_logprobs: list | None = None
         self._stream = source(job)
         self._first = None
 
@@ -176,6 +183,8 @@ class Generation:
             await self._stream.aclose()
 
     def _record(self, out) -> None:
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         if out.index == 0:
             self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
             self.ttft = out.ttft if out.ttft is not None else self.ttft

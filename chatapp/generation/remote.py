@@ -72,10 +72,16 @@ class _Outputs:
         if isinstance(out.prefix_cache, dict):
             out.prefix_cache = self._record(**out.prefix_cache)
         if out.new_logprobs:
-            out.new_logprobs = [self._logprob(e["token_id"], e["logprob"],
-                                              tuple(map(tuple, e["top"])))
-                                for e in out.new_logprobs]
+            out.new_logprobs = [self._entry(e) for e in out.new_logprobs]
+        if out.prompt_logprobs:
+            out.prompt_logprobs = [self._entry(e) for e in out.prompt_logprobs]
         return out
+
+    def _entry(self, e: dict | None):
+        """A TokenLogprob again (None stays None: a prompt's first token has none)."""
+        if e is None:
+            return None
+        return self._logprob(e["token_id"], e["logprob"], tuple(map(tuple, e["top"])))
 
 
 # -- the web process's side ----------------------------------------------------------
