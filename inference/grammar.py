@@ -33,10 +33,13 @@ import json
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import llguidance as llg
 import torch
 
+from inference.finite_schema import endless_part
 from inference.sampling_params import InvalidRequestError
 
 PARAM = "response_format"
@@ -50,39 +53,65 @@ LIMITS = dict(step_lexer_fuel=50_000, step_max_items=20_000, max_grammar_size=10
               verbose_errors=False)
 CACHE_SIZE = 64  # compiled schemas kept per engine
 MAX_MESSAGE = 300
+# How the error of a request whose grammar failed mid-reply begins (Matcher.error).
+FAILED = "structured output: "
 
 
 def _limits() -> llg.LLParserLimits:
     return llg.LLParserLimits(**LIMITS)
 
 
-def _refusal(problem: str) -> InvalidRequestError:
+def _refusal(problem: str, param: str = PARAM) -> InvalidRequestError:
     first = problem.strip().splitlines()[0] if problem.strip() else "invalid schema"
     if len(first) > MAX_MESSAGE:
         first = first[:MAX_MESSAGE] + "..."
-    return InvalidRequestError(f"The JSON schema of 'response_format' is not supported: {first}",
-                               PARAM, "invalid_json_schema")
+    return InvalidRequestError(f"The JSON schema of '{param}' is not supported: {first}",
+                               param, "invalid_json_schema")
 
 
-def grammar_for_schema(schema: str) -> str:
+def failure_of(error: str | None) -> str | None:
+    """What the grammar library said, when a request's `error` is its grammar failing
+    mid-reply (out of its limits on a schema that compiled): a problem with the schema the
+    caller sent, never an internal one. None for any other error."""
+    if error is None or not error.startswith(FAILED):
+        return None
+    return error[len(FAILED):]
+
+
+def grammar_for_schema(schema: str, param: str = PARAM) -> str:
     """The llguidance grammar of a JSON Schema (JSON text), checked without a tokenizer:
     cheap enough for the web process to refuse a bad schema before queueing the request.
-    InvalidRequestError (param response_format) names the problem."""
-    try:
-        if not isinstance(json.loads(schema), dict | bool):
-            raise _refusal("a schema must be a JSON object")
+    InvalidRequestError (naming `param`, the request field the schema came from) names
+    the problem."""
+    with _library_errors_refused(param):
+        document = json.loads(schema)
+        if not isinstance(document, dict | bool):
+            raise _refusal("a schema must be a JSON object", param)
         grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, None,
                                                                           limits=_limits())
+    if is_error:
+        raise _refusal(messages[0] if messages else "", param)
+    # Compiled, yet the parser would run out of its limits mid-reply on it.
+    endless = endless_part(document)
+    if endless is not None:
+        raise _refusal(f"no JSON value can be generated from it: {endless!r} requires a "
+                       "value that contains itself, with no way to end", param)
+    return grammar
+
+
+@contextmanager
+def _library_errors_refused(param: str = PARAM) -> Iterator[None]:
+    """Whatever the grammar library raises about a schema becomes its refusal (a 400
+    naming `param`), never an internal error."""
+    try:
+        yield
     except InvalidRequestError:
         raise
     except BaseException as exc:  # pyo3 reports a Rust panic as a BaseException
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
+        if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
             raise
-        raise _refusal(str(exc)) from None
-    if is_error:
-        raise _refusal(messages[0] if messages else "")
-    return grammar
+        raise _refusal(str(exc), param) from None
 
 
 class Matcher:
@@ -108,8 +137,9 @@ class Matcher:
         return ok
 
     def error(self) -> str:
+        """Why the grammar failed, as the request's error (see `failure_of`)."""
         message = self.matcher.get_error().strip()
-        return message.splitlines()[0] if message else "the output left the grammar"
+        return FAILED + (message.splitlines()[0] if message else "the output left the grammar")
 
 
 class Grammar:
@@ -159,14 +189,16 @@ class GrammarCompiler:
                                       PARAM)
         grammar = grammar_for_schema(schema)
         tok = _ll_tokenizer(self._tokenizer, self._vocab_size)
-        template = llg.LLMatcher(tok, grammar, log_level=0, limits=_limits())
-        probe = template.deep_copy()
-        if not probe.is_error():
-            # Some grammars fail only at their first mask ({"$ref": "#"}): a 400 now, not
-            # a failed reply later.
-            probe.compute_bitmask()
-        if template.is_error() or probe.is_error():
-            error = (template.get_error() or probe.get_error()).strip()
+        with _library_errors_refused():
+            template = llg.LLMatcher(tok, grammar, log_level=0, limits=_limits())
+            probe = template.deep_copy()
+            if not probe.is_error():
+                # Some grammars fail only at their first mask: a 400 now, not a failed
+                # reply later.
+                probe.compute_bitmask()
+            failed = template.is_error() or probe.is_error()
+            error = (template.get_error() or probe.get_error()).strip() if failed else ""
+        if failed:
             if " " not in error:  # a bare stop reason, such as NoExtensionBias
                 error = f"no JSON value can be generated from it ({error})"
             raise _refusal(error)

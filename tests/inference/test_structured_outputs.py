@@ -207,3 +207,40 @@ def test_a_grammar_out_of_fuel_fails_its_request_only(make_engine, monkeypatch):
     assert outs[("g", 0)].finish_reason == "error"
     assert "structured output" in outs[("g", 0)].error
     assert outs[("p", 0)].finish_reason == "length"
+    # The caller's schema is at fault: the request's error says so (inference.grammar).
+    assert grammar.failure_of(outs[("g", 0)].error)
+    assert grammar.failure_of("generation failed: boom") is None
+
+
+class _Panic(BaseException):
+    """What pyo3 raises for a panic inside the grammar library."""
+
+
+@pytest.mark.parametrize("where", ["grammar_from_json_schema", "validate_grammar_with_warnings"])
+def test_the_grammar_library_raising_while_checking_is_a_refusal(monkeypatch, where):
+    import llguidance as llg
+
+    def raises(*args, **kw):
+        raise _Panic("Too many items")
+
+    monkeypatch.setattr(llg.LLMatcher, where, raises)
+    with pytest.raises(InvalidRequestError) as err:
+        grammar_for_schema(SCHEMA_TEXT, "tools[0].function.parameters")
+    assert err.value.param == "tools[0].function.parameters" and "Too many" in str(err.value)
+
+
+def test_the_grammar_library_raising_while_compiling_is_a_refusal(make_engine, monkeypatch):
+    import inference.grammar as grammar
+
+    class Matcher:
+        def __init__(self, *args, **kw):
+            raise _Panic("Too many items")
+
+    engine = make_engine()
+    monkeypatch.setattr(grammar.llg, "LLMatcher", type(
+        "LLMatcher", (Matcher,), {k: getattr(grammar.llg.LLMatcher, k) for k in (
+            "grammar_from_json_schema", "validate_grammar_with_warnings")}))
+    with pytest.raises(InvalidRequestError) as err:
+        engine.add_request("r", rand_ids(8, 1), SamplingParams(json_schema=SCHEMA_TEXT))
+    assert err.value.param == "response_format" and "Too many" in str(err.value)
+    assert not engine.has_unfinished_requests()
