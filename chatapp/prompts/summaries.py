@@ -79,26 +79,32 @@ def max_summary_words(tokens: int) -> int:
 
 def summary_segment(builder: PromptBuilder, text: str, room: int) -> list[int] | None:
     """The stored segment of a summary the model wrote (`text`): the summary marker
-    rendered around it, encoded and padded to whole blocks, its last words dropped until
-    it fits `room`; None when no words of it fit (or it has none)."""
+    rendered around it, encoded and padded to whole blocks, its end cut (at a word where
+    it has one) until it fits `room`; None when it is blank or nothing of it fits."""
     # A NUL or a lone surrogate (random ids can decode to them) is no text to keep.
-    words = text.replace("\x00", "").encode("utf-8", "ignore").decode("utf-8").split()
-
-    def segment(n: int) -> list[int]:
-        return builder.summary_segment(summary_marker_text(" ".join(words[:n])))
-
-    if not words:
+    text = text.replace("\x00", "").encode("utf-8", "ignore").decode("utf-8").strip()
+    if not text:
         return None
-    whole = segment(len(words))
+    whole = builder.summary_segment(summary_marker_text(text))
     if len(whole) <= room:
         return whole
-    # The longest prefix of whole words that fits: a segment grows with its words.
-    lo, hi, best = 1, len(words) - 1, None
+    ids = builder.encoder.untrusted(text)
+
+    def head(n: int) -> str:  # its first n tokens, without a character cut in half
+        return builder.tokenizer.decode(ids[:n]).rstrip("\ufffd").strip()
+
+    def segment(part: str) -> list[int] | None:
+        ids = builder.summary_segment(summary_marker_text(part)) if part else None
+        return ids if ids is not None and len(ids) <= room else None
+
+    # The most tokens that fit (a segment grows with them), then back to a word's end.
+    lo, hi = 1, len(ids) - 1
     while lo <= hi:
         mid = (lo + hi) // 2
-        ids = segment(mid)
-        if len(ids) <= room:
-            best, lo = ids, mid + 1
+        if segment(head(mid)) is not None:
+            lo = mid + 1
         else:
             hi = mid - 1
-    return best
+    part = head(hi) if hi > 0 else ""
+    words = part.rsplit(None, 1)
+    return (segment(words[0]) if len(words) == 2 else None) or segment(part)
