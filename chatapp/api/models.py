@@ -66,6 +66,8 @@ class StoredResponse(models.Model):
     # By id, not a foreign key: a deleted ancestor leaves a chain that can no longer be
     # replayed, which the next request is told, rather than a silently shorter history.
     previous_response_id = models.CharField(max_length=64, blank=True, default="")
+    # The served model that generated the reply: its ids mean nothing to another tokenizer.
+    model = models.CharField(max_length=200, blank=True, default="")
     # This turn's new messages (chat shape), its reply as an assistant message, and the
     # ids that reply was generated as (a forced call's opening included).
     input_messages = models.JSONField(default=list)

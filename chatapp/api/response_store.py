@@ -27,6 +27,7 @@ class Turn:
     input_messages: list[dict]
     output_message: dict
     output_ids: list[int]
+    model: str = ""  # the served model whose tokenizer the ids are of
 
 
 def response_body(*, user: AbstractBaseUser, response_id: str) -> dict | None:
@@ -48,13 +49,14 @@ def response_chain(*, user: AbstractBaseUser, response_id: str) -> list[Turn]:
             raise ChainBroken(wanted)
         seen.add(wanted)
         row = StoredResponse.objects.filter(user=user, pk=wanted).values_list(
-            "previous_response_id", "input_messages", "output_message", "output_ids").first()
+            "previous_response_id", "input_messages", "output_message", "output_ids",
+            "model").first()
         if row is None:
             if wanted == response_id:
                 raise LookupError(response_id)
             raise ChainBroken(wanted)
-        previous, messages, output, ids = row
-        turns.append(Turn(wanted, messages, output, ids))
+        previous, messages, output, ids, model = row
+        turns.append(Turn(wanted, messages, output, ids, model))
         wanted = previous
     turns.reverse()
     return turns
@@ -62,9 +64,9 @@ def response_chain(*, user: AbstractBaseUser, response_id: str) -> list[Turn]:
 
 def response_store(*, user: AbstractBaseUser, response_id: str, previous_response_id: str | None,
                    input_messages: Sequence[dict], output_message: dict,
-                   output_ids: Sequence[int], body: dict) -> StoredResponse:
+                   output_ids: Sequence[int], body: dict, model: str) -> StoredResponse:
     return StoredResponse.objects.create(
-        id=response_id, user=user, previous_response_id=previous_response_id or "",
+        id=response_id, user=user, previous_response_id=previous_response_id or "", model=model,
         input_messages=list(input_messages), output_message=output_message,
         output_ids=list(output_ids), body=body,
     )

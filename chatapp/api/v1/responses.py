@@ -37,12 +37,14 @@ def not_found(response_id: str, param: str | None = None) -> OpenAIError:
 class ChainIds:
     """prepare's `known` hook for a replayed chain: each stored reply's generated ids, by
     the key its turn is looked up by (its text, or its calls' key). Handed out in order, so
-    two replies with the same text each get their own ids."""
+    two replies with the same text each get their own ids. Only `model`'s: another
+    model's ids are of another tokenizer, so its replies are encoded from their text."""
 
-    def __init__(self, turns: Sequence[response_store.Turn]):
-        self._ids: dict[str, list[list[int]]] = {}
+    def __init__(self, turns: Sequence[response_store.Turn], model: str):
+        self._ids: dict[str, list[list[int] | None]] = {}
         for turn in turns:
-            self._ids.setdefault(reply_key(turn.output_message), []).append(turn.output_ids)
+            ids = turn.output_ids if turn.model == model else None
+            self._ids.setdefault(reply_key(turn.output_message), []).append(ids)
 
     def __call__(self, key: str) -> list[int] | None:
         queue = self._ids.get(key)
@@ -68,6 +70,7 @@ class ResponseRun:
     key: ApiKey
     request: ResponseRequest
     completion: completions.Completion
+    model: str  # the served model's alias (check_model)
     id: str = field(default_factory=lambda: _new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     completed_at: int | None = None
@@ -183,7 +186,7 @@ class ResponseRun:
             user=self.key.user, response_id=self.id,
             previous_response_id=self.request.previous_response_id,
             input_messages=self.request.input_messages, output_message=message,
-            output_ids=ids, body=body,
+            output_ids=ids, body=body, model=self.model,
         )
 
     async def run(self) -> dict:
@@ -268,8 +271,10 @@ async def open_response(*, key: ApiKey, request: ResponseRequest) -> ResponseRun
                 param="previous_response_id", code="previous_response_not_found") from None
     history = [m for turn in turns for m in (*turn.input_messages, turn.output_message)]
     req = replace(request.completion, messages=request.messages(history))
+    model = completions.check_model(request.model)
     try:
-        completion = await completions.open_completion(key=key, req=req, known=ChainIds(turns))
+        completion = await completions.open_completion(key=key, req=req,
+                                                       known=ChainIds(turns, model))
     except OpenAIError as exc:
         raise renamed(exc) from None
-    return ResponseRun(key=key, request=request, completion=completion)
+    return ResponseRun(key=key, request=request, completion=completion, model=model)

@@ -17,7 +17,7 @@ def _store(user, rid: str, previous: str | None, text: str, ids: list[int]) -> N
         user=user, response_id=rid, previous_response_id=previous,
         input_messages=[{"role": "user", "content": f"question {rid}"}],
         output_message={"role": "assistant", "content": text}, output_ids=ids,
-        body={"id": rid, "object": "response"})
+        body={"id": rid, "object": "response"}, model="smollm2")
 
 
 def test_a_chain_replays_oldest_first_for_its_user_only(django_user_model):
@@ -55,9 +55,16 @@ def test_chain_ids_hand_each_reply_its_own_ids_in_order():
             {"id": "call_1", "type": "function",
              "function": {"name": "f", "arguments": "{}"}}]}, [7, 8]),
     ]
-    known = ChainIds(turns)
+    known = ChainIds(turns, "")
     assert reply_key(turns[2].output_message) == calls_key(["call_1"])
     assert known(calls_key(["call_1"])) == [7, 8]
     assert known("Same.") == [1, 2]
     assert known("Same.") == [1, 3]
     assert known("Same.") is None  # a client's own assistant text: encoded afresh
+
+
+def test_another_models_replies_are_encoded_from_their_text():
+    turn = response_store.Turn("a", [], {"role": "assistant", "content": "Hi."}, [1, 2],
+                               model="gemma")
+    assert ChainIds([turn], "smollm2")("Hi.") is None
+    assert ChainIds([turn], "gemma")("Hi.") == [1, 2]
