@@ -300,6 +300,9 @@ API_MAX_CONCURRENT = int(os.environ.get("API_MAX_CONCURRENT", "4"))
 # How long the ids generated for an API reply are remembered for splicing back (seconds).
 API_REMEMBER_IDS_TTL_S = int(os.environ.get("API_REMEMBER_IDS_TTL_S", "86400"))
 API_MAX_N = int(os.environ.get("API_MAX_N", "8"))
+# The most messages one /v1 request may carry (OpenAI's bound): a body of many tiny
+# messages costs the prompt builder far more than its size suggests.
+API_MAX_MESSAGES = int(os.environ.get("API_MAX_MESSAGES", "2048"))
 API_DEFAULT_MAX_TOKENS = int(os.environ.get("API_DEFAULT_MAX_TOKENS", "512"))
 # Names /v1/models lists and /v1/chat/completions accepts for the default model, besides
 # its own (LLM_MODEL, or the first alias of LLM_MODELS).

@@ -10,6 +10,7 @@ tokenizer itself encodes the text between two special tokens independently.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from chatapp.prompts.errors import InvalidText
@@ -26,6 +27,24 @@ def check_text(text: str, what: str = "the text") -> str:
         kind = "a NUL character" if bad.group() == "\x00" else "a lone UTF-16 surrogate"
         raise InvalidText(f"{what} contains {kind} at position {bad.start()}")
     return text
+
+
+# A normalizer may shorten text before it is split (NFC joins a letter and its accents):
+# the bound allows for text up to this many times longer than what is tokenized.
+NORMALIZED_SLACK = 4
+
+
+@functools.cache
+def most_chars_per_token(tokenizer) -> int:
+    """The most characters of text one token of `tokenizer` can stand for: any text of
+    n characters takes at least n / this many tokens. A vocabulary entry's spelling is
+    at least as long as the text it decodes to (a byte-level entry spells each byte with
+    one character, a SentencePiece byte as "<0x41>"), so the longest entry bounds it."""
+    longest = max((len(entry) for entry in tokenizer.get_vocab()), default=1)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.normalizer is not None:
+        longest *= NORMALIZED_SLACK
+    return max(longest, 1)
 
 
 class TokenEncoder:

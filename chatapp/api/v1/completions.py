@@ -29,9 +29,10 @@ from chatapp.generation import dispatch, prompting, receipts, remote, router, se
 from chatapp.generation.embedded import aget_tokenizer
 from chatapp.generation.jobs import Generation, Job, Options, run_here, stop_token_ids
 from chatapp.prompts import tools as tools_convention
+from chatapp.prompts.encoding import most_chars_per_token
 from chatapp.prompts.errors import ContextExceeded, PromptError
 from chatapp.prompts.history import ContextLimit, HistoryCut, history_target
-from chatapp.prompts.services import builder_for, cache_salt_for
+from chatapp.prompts.services import builder_for, cache_salt_for, content_text
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,8 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, model: str = "",
     """Build the prompt and the job for `model` (an alias; its tokenizer is `tokenizer`)
     (sync: it reads the remembered ids and tokenizes). `known(key)`: ids the caller holds
     for an assistant turn (by its text, or its calls' key), before the remembered ones."""
+    if req.truncation != "auto":
+        check_size(req, tokenizer, model)
     builder = builder_for(tokenizer)
     tenant = tenant_of(key)
     salt = request_salt(key, req.cache_salt)
@@ -133,9 +136,14 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, model: str = "",
     # JSON, written as the convention writes a call.
     schema, forced = req.json_schema, []
     if req.tools is not None and req.tools.forced:
+        # Each function's parameters on their own first, so a refusal names the tool.
+        for i, function in req.tools.forced_tools():
+            check_schema(json.dumps(function.get("parameters") or {"type": "object"}),
+                         f"tools[{i}].function.parameters")
         schema = req.tools.call_schema(convention)
+        check_schema(schema, "tools")
         forced = tokenizer.encode(convention.opening, add_special_tokens=False)
-    if schema is not None:
+    elif schema is not None:
         check_schema(schema)
     job = Job(
         prompt_ids=tuple(plan.token_ids) + tuple(forced),
@@ -168,6 +176,19 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, model: str = "",
                     forced_ids=list(forced), convention=convention, cut=plan.cut)
 
 
+def check_size(req: CompletionRequest, tokenizer, model: str) -> None:
+    """Refuse, before any text is tokenized, messages with more characters than the
+    context's tokens can carry at the most characters a token stands for: tokenizing
+    megabytes only to find them too long takes seconds of CPU."""
+    chars = sum(len(content_text(m.get("content"))) for m in req.messages)
+    context = prompting.context_tokens(model, chat=False)
+    if chars > context * most_chars_per_token(tokenizer):
+        raise invalid(f"This model's maximum context length is {context} tokens. However, "
+                      f"your messages hold {chars} characters, more than {context} tokens "
+                      "can carry. Please reduce the length of the messages.", "messages",
+                      "context_length_exceeded")
+
+
 def truncation_limit(req: CompletionRequest, model: str) -> ContextLimit:
     """What `truncation: "auto"` cuts history to: the model's context, room for the
     request's max_tokens (else API_DEFAULT_MAX_TOKENS), CHAT_HISTORY_TARGET."""
@@ -182,17 +203,27 @@ def _context_message(exc: ContextExceeded) -> str:
             "turn left out, which leaves no room for a reply. Please shorten it.")
 
 
-def check_schema(schema: str) -> None:
+def check_schema(schema: str, param: str = "response_format") -> None:
     """Refuse a schema we cannot enforce here, before a job is queued: a 400 naming the
-    problem, never free text instead (the engine that runs the job compiles it again,
-    against its own tokenizer, and would refuse it the same way)."""
+    problem and `param` (the field the schema came from), never free text instead (the
+    engine that runs the job compiles it again, against its own tokenizer, and would
+    refuse it the same way)."""
     from inference import InvalidRequestError
     from inference.grammar import grammar_for_schema
 
     try:
-        grammar_for_schema(schema)
+        grammar_for_schema(schema, param)
     except InvalidRequestError as exc:
         raise invalid(str(exc), exc.param, exc.code) from None
+
+
+def grammar_failed(problem: str, req: CompletionRequest) -> OpenAIError:
+    """The 400 of a reply whose schema the grammar could not follow to the end (it
+    compiled, then ran out of the parser's limits): it names the schema's owner, the
+    tools of a forced call or response_format."""
+    param = "tools" if req.tools is not None and req.tools.forced else "response_format"
+    return invalid(f"The JSON schema of {quoted(param)} could not be followed: {problem}",
+                   param, "invalid_json_schema")
 
 
 @dataclass
@@ -213,8 +244,15 @@ class Completion:
     _aligned: dict = field(default_factory=dict)  # choice index -> ContentLogprobs
 
     def check(self, out) -> None:
-        """A sample that failed inside the engine fails the response (no internals shown)."""
+        """A sample that failed inside the engine fails the response: a 400 when the
+        schema it was held to could not be followed (the caller's schema), else a 500
+        with no internals shown."""
         if out.finished and out.finish_reason == "error":
+            from inference.grammar import failure_of
+
+            problem = failure_of(out.error)
+            if problem is not None:
+                raise grammar_failed(problem, self.req)
             log.error("Completion %s failed: %s", self.id, out.error)
             raise internal()
 
@@ -408,6 +446,11 @@ async def open_completion(*, key: ApiKey, req: CompletionRequest,
     try:
         await generation.start()
     except InvalidRequestError as exc:
+        if exc.code == "invalid_json_schema" and req.tools is not None and req.tools.forced:
+            # The engine compiled the forced call's schema, built from the tools.
+            problem = str(exc).partition(": ")[2] or str(exc)
+            raise invalid(f"The JSON schema of 'tools' is not supported: {problem}", "tools",
+                          exc.code) from None
         raise invalid(str(exc), exc.param, exc.code) from None
     except dispatch.GenerationUnavailable as exc:
         raise OpenAIError(503, exc.message, code="service_unavailable") from None

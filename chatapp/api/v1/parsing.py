@@ -162,6 +162,10 @@ def _messages(value) -> list[dict]:
         raise _bad("messages", "must be an array of message objects.", "invalid_type")
     if not value:
         raise _bad("messages", "must not be empty.", "empty_array")
+    # Counted before any message is looked at: each costs the prompt builder work.
+    if len(value) > settings.API_MAX_MESSAGES:
+        raise _bad("messages", f"takes at most {settings.API_MAX_MESSAGES} messages; got "
+                   f"{len(value)}.", "array_above_max_length")
     for i, msg in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(msg, dict):

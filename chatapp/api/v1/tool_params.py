@@ -42,18 +42,58 @@ class ToolRequest:
         """A call must come (required, or named): its JSON is constrained by a grammar."""
         return self.active and self.choice in ("required", "named")
 
+    def forced_tools(self) -> list[tuple[int, dict]]:
+        """(index in `tools`, function) of each function a forced choice may call."""
+        return [(i, t["function"]) for i, t in enumerate(self.tools)
+                if self.choice == "required" or t["function"]["name"] == self.name]
+
     def call_schema(self, convention: convention_module.Hermes) -> str:
         """The JSON Schema of the one call a forced choice produces, as `convention`
-        writes it: a function's name and arguments matching that function's parameters."""
-        options = [t["function"] for t in self.tools
-                   if self.choice == "required" or t["function"]["name"] == self.name]
+        writes it: a function's name and arguments matching that function's parameters.
+        A function's local `$ref`s ("#/$defs/...") keep pointing into its own parameters,
+        wherever those sit in the call's schema."""
+        options = [f for _, f in self.forced_tools()]
+        key = convention.arguments_key
+        at = ["#/properties/" + pointer_token(key)] if len(options) == 1 else [
+            f"#/anyOf/{j}/properties/{pointer_token(key)}" for j in range(len(options))]
         variants = [{
             "type": "object",
             "properties": {"name": {"const": f["name"]},
-                           convention.arguments_key: f.get("parameters") or {"type": "object"}},
-            "required": ["name", convention.arguments_key], "additionalProperties": False,
-        } for f in options]
+                           key: rebase_refs(f.get("parameters") or {"type": "object"}, base)},
+            "required": ["name", key], "additionalProperties": False,
+        } for f, base in zip(options, at, strict=True)]
         return json.dumps(variants[0] if len(variants) == 1 else {"anyOf": variants})
+
+
+def pointer_token(name: str) -> str:
+    """`name` as one token of a JSON pointer (RFC 6901)."""
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+# Keywords whose values are JSON data, not schemas: a "$ref" in them is not a reference.
+DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+
+
+def rebase_refs(schema: object, base: str) -> object:
+    """`schema` with every local `$ref` ("#" or "#/...") made to point at the same place
+    once the schema sits at JSON pointer `base` of a larger document."""
+    if isinstance(schema, list):
+        return [rebase_refs(s, base) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for name, value in schema.items():
+        if name == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[name] = base + value[1:]
+        elif name in DATA_KEYWORDS:
+            out[name] = value
+        elif name in ("properties", "patternProperties", "$defs", "definitions") \
+                and isinstance(value, dict):
+            # Names, then schemas: a property may be called "$ref" or "const".
+            out[name] = {k: rebase_refs(v, base) for k, v in value.items()}
+        else:
+            out[name] = rebase_refs(value, base)
+    return out
 
 
 def _tool(value: object, i: int) -> dict:

@@ -401,3 +401,74 @@ def test_the_server_app_has_the_timeout():
     from chatapp import asgi
 
     assert isinstance(asgi.http_app, BodyTimeoutMiddleware)
+
+
+# --- many or long messages are refused before any text is tokenized ----------------------
+
+
+@pytest.fixture
+def no_tokenizing(monkeypatch):
+    """Fails the test if a request gets as far as loading a tokenizer or building a prompt."""
+    from chatapp.api.v1 import completions
+
+    def tokenized(*args, **kw):
+        raise AssertionError("the request was tokenized")
+
+    monkeypatch.setattr(completions, "builder_for", tokenized)
+    return completions
+
+
+def test_more_messages_than_the_limit_are_refused_before_the_prompt_is_built(
+        client, auth, no_tokenizing, monkeypatch):
+    async def no_tokenizer(*args, **kw):
+        raise AssertionError("a tokenizer was loaded")
+
+    monkeypatch.setattr(no_tokenizing, "aget_tokenizer", no_tokenizer)
+    # 50,000 one-word messages: 1.7 MB, under the body limit.
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}] * 50_000})
+    error = openai_error(post_raw(client, V1, body.encode(), auth), 400, "array_above_max_length")
+    assert error["param"] == "messages" and "at most 2048" in error["message"]
+
+
+def test_the_message_count_limit_is_a_setting(settings):
+    settings.API_MAX_MESSAGES = 3
+    parse_completion_request({"model": MODEL, "messages": HELLO * 3})
+    with pytest.raises(OpenAIError) as err:
+        parse_completion_request({"model": MODEL, "messages": HELLO * 4})
+    assert err.value.param == "messages" and "at most 3 messages; got 4" in err.value.message
+
+
+def test_messages_longer_than_the_context_can_hold_are_refused_before_tokenizing(
+        client, auth, no_tokenizing):
+    # 100 messages of 10,000 characters: more than the context's tokens can carry, however
+    # many characters the tokenizer's longest token spells.
+    messages = [{"role": "user", "content": "word " * 2000}] * 100
+    body = json.dumps({"model": MODEL, "messages": messages}).encode()
+    error = openai_error(post_raw(client, V1, body, auth), 400, "context_length_exceeded")
+    assert error["param"] == "messages" and "1000000 characters" in error["message"]
+
+
+class _Vocabulary:
+    """A tokenizer whose longest token spells 4 characters, and no normalizer."""
+
+    backend_tokenizer = type("Backend", (), {"normalizer": None})()
+
+    def get_vocab(self) -> dict:
+        return {"a": 0, "abcd": 1}
+
+
+@pytest.mark.parametrize("chars, truncation, refused", [
+    (401, "disabled", True),
+    (400, "disabled", False),  # at most 4 characters a token: 100 tokens may hold it
+    (401, "auto", False),  # the oldest turns are left out instead
+])
+def test_the_size_bound_is_the_context_times_the_longest_token(
+        user, no_tokenizing, monkeypatch, chars, truncation, refused):
+    monkeypatch.setattr(no_tokenizing.prompting, "context_tokens", lambda *a, **kw: 100)
+    req = parse_completion_request({"model": MODEL, "truncation": truncation, "messages": [
+        {"role": "system", "content": "s" * 1}, {"role": "user", "content": "u" * (chars - 1)}]})
+    key = services.api_key_create(user=user)[0]
+    with pytest.raises(OpenAIError if refused else AssertionError) as err:
+        no_tokenizing.prepare(key=key, req=req, tokenizer=_Vocabulary(), model=MODEL)
+    if refused:
+        assert err.value.code == "context_length_exceeded" and "401 characters" in err.value.message

@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from chatapp.api.errors import OpenAIError
-from chatapp.api.v1.completions import check_schema
+from chatapp.api.v1.completions import Completion, check_schema
 from chatapp.api.v1.parsing import JSON_OBJECT_SCHEMA, parse_completion_request
 from tests.chatapp.api.conftest import MODEL
 
@@ -33,6 +33,11 @@ ASK = [{"role": "user", "content": "Reply in JSON: your favourite colour of the 
                                    "how many colours it has, and why."}]
 JSON_SCHEMA = {"type": "json_schema",
                "json_schema": {"name": "colour", "schema": SCHEMA, "strict": True}}
+
+
+# A required property that contains itself: no finite value.
+RECURSIVE = {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}},
+                             "required": ["c"]}}, "$ref": "#/$defs/n"}
 
 
 class City(BaseModel):
@@ -99,8 +104,9 @@ def test_json_object_returns_a_parseable_object(client):
     ({"type": "foo"}, "foo"),
     ({"type": "object", "not": {"required": ["a"]}}, "not"),
     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "missing"),
-    # Passes the web process's check (no tokenizer there); the engine's compile refuses it.
     ({"$ref": "#"}, "no JSON value"),
+    # Compiles in the grammar library, whose parser then runs out of its limits mid-reply.
+    (RECURSIVE, "no JSON value"),
 ])
 def test_an_invalid_schema_raises_bad_request(client, schema, needle):
     with pytest.raises(openai.BadRequestError) as err:
@@ -166,3 +172,41 @@ def test_a_job_carries_its_schema_as_text_to_a_worker():
     job = Job(prompt_ids=(1, 2), cache_salt="s", options=Options(json_schema=json.dumps(SCHEMA)))
     sent = json.loads(json.dumps(dataclasses.asdict(job)))  # as the Celery task gets it
     assert Job.from_dict(sent) == job
+
+
+@pytest.mark.parametrize("schema", [
+    RECURSIVE,
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": RECURSIVE["$defs"]["n"]},
+     "required": ["a", "b"], "$defs": RECURSIVE["$defs"]},
+    {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+])
+def test_a_schema_with_no_finite_value_is_refused_before_any_job(schema):
+    with pytest.raises(OpenAIError) as err:
+        check_schema(json.dumps(schema))
+    assert err.value.status == 400 and err.value.param == "response_format"
+    assert err.value.code == "invalid_json_schema" and "no JSON value" in err.value.message
+
+
+def failed_output(error: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(finished=True, finish_reason="error", error=error)
+
+
+@pytest.mark.parametrize("tool_choice, param", [(None, "response_format"),
+                                                ("required", "tools")])
+def test_a_grammar_failing_mid_reply_is_a_400_naming_the_schemas_field(tool_choice, param):
+    # Whatever a schema that compiled does to the parser later, the schema is the caller's.
+    from inference.grammar import FAILED
+
+    tools = {"tools": [{"type": "function", "function": {"name": "f"}}],
+             "tool_choice": tool_choice} if tool_choice else {"response_format": JSON_SCHEMA}
+    req = parse_completion_request({"model": MODEL, "messages": ASK, **tools})
+    completion = Completion(req=req, prepared=None, generation=None)
+    with pytest.raises(OpenAIError) as err:
+        completion.check(failed_output(FAILED + "parser error: Too many items (limit 20000)"))
+    assert err.value.status == 400 and err.value.param == param
+    assert err.value.code == "invalid_json_schema" and "Too many items" in err.value.message
+    with pytest.raises(OpenAIError) as err:
+        completion.check(failed_output("generation failed: out of memory"))
+    assert err.value.status == 500 and "memory" not in err.value.message
