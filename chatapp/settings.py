@@ -164,6 +164,12 @@ LLM_KV_CACHE_BYTES = int(os.environ.get("LLM_KV_CACHE_BYTES", "0")) or None
 # (LLM_NUM_BLOCKS or LLM_KV_CACHE_BYTES, LLM_KV_OFFLOAD_BYTES) are split evenly between them.
 # Unset: LLM_MODEL alone.
 LLM_MODELS = os.environ.get("LLM_MODELS", "").strip()
+# Models served as chat models though their file has no chat template (base models are
+# completion models otherwise: chatapp/generation/model_cards.py): aliases or model
+# names, comma-separated, or "*" for all. Their turns follow the chat format their
+# tokenizer's special tokens match (templates/prompts/formats).
+LLM_FORCE_CHAT_TEMPLATE = [m.strip() for m in os.environ.get("LLM_FORCE_CHAT_TEMPLATE", "").split(",")
+                           if m.strip()]
 
 # Chat service.
 LOGIN_URL = "login"
@@ -300,6 +306,8 @@ API_MAX_CONCURRENT = int(os.environ.get("API_MAX_CONCURRENT", "4"))
 # How long the ids generated for an API reply are remembered for splicing back (seconds).
 API_REMEMBER_IDS_TTL_S = int(os.environ.get("API_REMEMBER_IDS_TTL_S", "86400"))
 API_MAX_N = int(os.environ.get("API_MAX_N", "8"))
+# The most completions one /v1/completions request makes: prompts in its batch times n.
+API_MAX_PROMPTS = int(os.environ.get("API_MAX_PROMPTS", "64"))
 # The most messages one /v1 request may carry (OpenAI's bound): a body of many tiny
 # messages costs the prompt builder far more than its size suggests.
 API_MAX_MESSAGES = int(os.environ.get("API_MAX_MESSAGES", "2048"))

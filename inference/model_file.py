@@ -1,5 +1,5 @@
 """What a model's own file says of it, without loading it: where it lies, when it was
-written, its name, and whether it carries a chat template.
+written, and whether it carries a chat template.
 
 A model whose file has no chat template is a base model, trained to continue text: it
 is served for completions, not chat (the service decides; the engine runs either). A
@@ -28,14 +28,6 @@ def model_file(model: str = DEFAULT_MODEL, cache_dir: str | None = None) -> Path
     if source is not None:
         return source
     return resolve_model_path(model, cache_dir) / "config.json"
-
-
-def model_id(model: str = DEFAULT_MODEL) -> str:
-    """The model's own name: a known name as it is, a file's or folder's name otherwise."""
-    path = Path(model).expanduser()
-    if path.suffix == ".gguf":
-        return path.stem
-    return path.name if len(path.parts) > 1 or path.is_dir() else model
 
 
 def created(model: str = DEFAULT_MODEL, cache_dir: str | None = None) -> int:

@@ -10,7 +10,7 @@ from chatapp.chat.errors import InvalidInput
 from chatapp.chat.models import Conversation, Message
 from chatapp.chat.payloads import usage_dict
 from chatapp.chat.services import validate_title, validate_user_text
-from chatapp.generation import served_models
+from chatapp.generation import model_cards, served_models
 
 
 class StrictCharField(serializers.CharField):
@@ -140,7 +140,7 @@ class ConversationCreateSerializer(serializers.Serializer):
     def validate_model(self, value: str | None) -> str:
         """The value the conversation stores; the catalog's message for a name not served."""
         try:
-            return served_models.conversation_model(value)
+            return model_cards.conversation_model(value)
         except InvalidInput as exc:
             raise serializers.ValidationError(exc.message, code=exc.code) from None
 

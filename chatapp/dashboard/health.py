@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import connections
 
 from chatapp.dashboard import engines
-from chatapp.generation import served_models
+from chatapp.generation import model_cards, served_models
 
 CHECK_TIMEOUT_S = 2
 
@@ -31,6 +31,17 @@ def check_model() -> tuple[bool, str]:
     if len(missing) == len(served_models.aliases()):
         return False, "not loaded"
     return False, "not loaded: " + ", ".join(missing)
+
+
+def models() -> list[dict]:
+    """Each served model as /v1/models describes it, and whether this process loaded it."""
+    out = []
+    for alias in served_models.aliases():
+        try:
+            out.append({"alias": alias, **model_cards.card(alias)})
+        except Exception as exc:  # a probe never fails on a description
+            out.append({"alias": alias, "error": _failure(exc)})
+    return out
 
 
 def check_database(alias: str = "default") -> tuple[bool, str]:

@@ -100,5 +100,5 @@ def healthz(request: HttpRequest) -> JsonResponse:
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
     ready, checks = health.readiness()
-    return JsonResponse({"status": "ready" if ready else "unready", "checks": checks},
-                        status=200 if ready else 503)
+    return JsonResponse({"status": "ready" if ready else "unready", "checks": checks,
+                         "models": health.models()}, status=200 if ready else 503)

@@ -25,6 +25,16 @@ log = logging.getLogger(__name__)
 _engines: dict[str, object] = {}  # alias -> AsyncEngine
 _tokenizers: dict[str, object] = {}  # alias -> tokenizer loaded before its engine
 _lock = threading.Lock()
+_import_lock = threading.Lock()
+
+
+def import_engine_package() -> None:
+    """Import the engine package (inference) from one thread at a time: two threads'
+    first imports of it meet half-initialized modules (the package imports the engine,
+    whose loader imports the package back), as the preload thread and a request's
+    would. Cheap once done."""
+    with _import_lock:
+        import inference  # noqa: F401
 
 
 def engine_config(model: str | None = None):
@@ -63,6 +73,7 @@ def get_engine(model: str | None = None):
     alias = served_models.resolve(model).alias
     engine = _engines.get(alias)
     if engine is None:
+        import_engine_package()
         with _lock:
             engine = _engines.get(alias)
             if engine is None:
@@ -88,6 +99,7 @@ def get_tokenizer(model: str | None = None):
     engine = _engines.get(spec.alias)
     if engine is not None:
         return engine.tokenizer
+    import_engine_package()
     with _lock:
         engine = _engines.get(spec.alias)
         if engine is not None:

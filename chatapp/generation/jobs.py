@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from chatapp.generation.embedded import aget_engine
+from chatapp.prompts.errors import FormatError
 from chatapp.prompts.services import builder_for
 
 
@@ -71,8 +72,12 @@ class Job:
 
 
 def stop_token_ids(tokenizer) -> list[int]:
-    """The chat format's end-of-turn token and the tokenizer's EOS."""
-    ids = set(builder_for(tokenizer).stop_token_ids)
+    """The chat format's end-of-turn token and the tokenizer's EOS; the EOS alone for a
+    tokenizer no chat format fits (a base model's, serving text completions)."""
+    try:
+        ids = set(builder_for(tokenizer).stop_token_ids)
+    except FormatError:
+        ids = set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return sorted(ids)
@@ -168,6 +173,11 @@ class Generation:
 
     async def start(self) -> None:
         self._first = await self._stream.__anext__()
+
+    async def close(self) -> None:
+        """Abort the job wherever it runs, without reading on (a request refused once
+        some of its generations had started)."""
+        await self._stream.aclose()
 
     async def outputs(self) -> AsyncIterator:
         """The outputs, the first (received by start) included; each is recorded."""

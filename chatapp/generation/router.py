@@ -127,6 +127,14 @@ def conversation_key(*, cache_salt: str, plan, model: str = "") -> str:
     return digest.hexdigest()[:32]
 
 
+def prompt_key(*, cache_salt: str, token_ids, model: str = "", tokens: int = 64) -> str:
+    """A text completion's name for worker affinity: its model, its tenant's salt and its
+    first `tokens` prompt tokens (a few blocks), which prompts that share a prefix share."""
+    digest = hashlib.sha256(f"{model}\0{cache_salt}".encode())
+    digest.update(",".join(map(str, list(token_ids)[:tokens])).encode())
+    return digest.hexdigest()[:32]
+
+
 def affinity_worker(key: str) -> str:
     try:
         return registry.affinity(key)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import PurePath
 
 from django.conf import settings
 
@@ -97,14 +98,40 @@ def names_listed() -> list[str]:
     return listed + [a for a in settings.API_MODEL_ALIASES if a not in listed]
 
 
+def model_id(spec: ModelSpec) -> str:
+    """The model's own name, beside its alias: a known name as it is, a .gguf file's or
+    a folder's name for a path."""
+    path = PurePath(spec.model)
+    if path.suffix == ".gguf":
+        return path.stem
+    return path.name if len(path.parts) > 1 else spec.model
+
+
+def names_of(spec: ModelSpec) -> list[str]:
+    """Every name that reaches `spec`: its alias, its own name (the first model of that
+    name takes it), and for the default the extra names of API_MODEL_ALIASES."""
+    all_specs = specs()
+    names = [spec.alias]
+    own = model_id(spec)
+    if own not in names and resolve(own) == spec:
+        names.append(own)
+    if spec == all_specs[0]:
+        names += [a for a in settings.API_MODEL_ALIASES if a not in names]
+    return names
+
+
 def resolve(name: str | None) -> ModelSpec:
-    """The model `name` denotes: an alias, an extra name of the default, or "" / None (the
-    default: conversations from before several models). UnknownModel otherwise."""
+    """The model `name` denotes: an alias, an extra name of the default, a model's own
+    name (the first model of that name, when two aliases serve one model), or "" / None
+    (the default: conversations from before several models). UnknownModel otherwise."""
     all_specs = specs()
     if not name or name in settings.API_MODEL_ALIASES:
         return all_specs[0]
     for spec in all_specs:
         if spec.alias == name:
+            return spec
+    for spec in all_specs:
+        if model_id(spec) == name:
             return spec
     raise UnknownModel(name)
 

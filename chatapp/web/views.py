@@ -15,7 +15,7 @@ from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, NotFound
 from chatapp.chat.models import Conversation
 from chatapp.chat.payloads import conversation_dict, message_dict
-from chatapp.generation import orphans, replies, served_models
+from chatapp.generation import model_cards, orphans, replies, served_models
 from chatapp.prompts import catalog
 
 
@@ -53,7 +53,7 @@ def _page(request: HttpRequest, conversation=None) -> HttpResponse:
         "selected_preset": conversation.preset_id if conversation else catalog.default_preset_id(),
         "conversation": conversation,
         # The model picker (shown when several models are served), like the preset's.
-        "models": served_models.aliases(),
+        "models": model_cards.chat_aliases(),
         "selected_model": served_models.alias_of(conversation.model if conversation else ""),
         "max_chars": settings.MAX_USER_MESSAGE_CHARS,
         "title_max_chars": Conversation.TITLE_MAX_CHARS,
@@ -95,7 +95,7 @@ def conversation_new(request: HttpRequest) -> HttpResponse:
     try:
         conversation = services.conversation_create(
             owner=request.user, preset_id=request.POST.get("preset_id") or None,
-            model=served_models.conversation_model(request.POST.get("model") or None),
+            model=model_cards.conversation_model(request.POST.get("model") or None),
         )
     except ChatError as exc:
         return _error_page(request, exc)

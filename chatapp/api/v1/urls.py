@@ -1,9 +1,10 @@
 from django.urls import path, re_path
 
-from chatapp.api.v1 import response_views, views
+from chatapp.api.v1 import response_views, text_completion_views, views
 
 urlpatterns = [
     path("chat/completions", views.chat_completions, name="v1-chat-completions"),
+    path("completions", text_completion_views.create, name="v1-completions"),
     path("models", views.models, name="v1-models"),
     path("models/<path:model>", views.models, name="v1-model"),
     path("responses", response_views.create, name="v1-responses"),

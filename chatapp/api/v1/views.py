@@ -23,11 +23,11 @@ from chatapp.api.errors import OpenAIError, internal, rate_limited
 from chatapp.api.models import ApiKey
 from chatapp.api.ratelimit import RateLimited, Slot, limiter
 from chatapp.api.v1 import completions
+from chatapp.api.v1.model_entries import entry, listing, require_chat_model
 from chatapp.api.v1.parsing import check_content_type, parse_completion_request, parse_json
 from chatapp.echo import quoted
 
 log = logging.getLogger(__name__)
-MODEL_CREATED = 1730000000  # a fixed date: the model list must not change between calls
 
 
 async def _authorize(request: HttpRequest) -> ApiKey:
@@ -62,6 +62,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         check_content_type(request.content_type)
         req = parse_completion_request(parse_json(request.body))
         completions.check_model(req.model)
+        require_chat_model(req.model)
         try:
             slot = limiter.acquire(key)
         except RateLimited as exc:
@@ -115,10 +116,6 @@ async def _sse(completion: completions.Completion, slot: Slot) -> AsyncIterator[
     yield _event("[DONE]")
 
 
-def _model(name: str) -> dict:
-    return {"id": name, "object": "model", "created": MODEL_CREATED, "owned_by": "prefixchat"}
-
-
 async def models(request: HttpRequest, model: str | None = None) -> HttpResponse:
     """/v1/models, or one model's entry when the URL names it."""
     if request.method != "GET":
@@ -129,9 +126,10 @@ async def models(request: HttpRequest, model: str | None = None) -> HttpResponse
             completions.check_model(model)
     except OpenAIError as exc:
         return exc.response()
+    # The cards read files and engines' settings: off the event loop.
     if model is not None:
-        return JsonResponse(_model(model))
-    return JsonResponse({"object": "list", "data": [_model(m) for m in completions.model_ids()]})
+        return JsonResponse(await sync_to_async(entry)(model))
+    return JsonResponse(await sync_to_async(listing)())
 
 
 @csrf_exempt
