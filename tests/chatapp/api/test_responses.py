@@ -172,6 +172,22 @@ def test_a_forced_call_streams_its_arguments(client):
     assert events[-1].response.output[-1].arguments == args.arguments
 
 
+def test_the_sdks_stream_helper_rebuilds_the_response(client):
+    """responses.stream() rebuilds the response from the events alone: they must agree.
+    (It wants `response.completed`: a reply cut at max_output_tokens ends with
+    `response.incomplete`, as OpenAI's do, so these replies have room to end.)"""
+    with client.responses.stream(model=MODEL, input=QUESTIONS[4], instructions=INSTRUCTIONS,
+                                 max_output_tokens=60, temperature=0) as stream:
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert text and final.output_text == text
+    with client.responses.stream(model=MODEL, input="Weather in Oslo?", tools=[WEATHER],
+                                 tool_choice="required", max_output_tokens=40,
+                                 temperature=0) as stream:
+        final = stream.get_final_response()
+    assert json.loads(final.output[-1].arguments)["city"]
+
+
 class City(BaseModel):
     city: str
     country: str
