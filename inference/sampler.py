@@ -46,60 +46,64 @@ def adjust_logits(logits: torch.Tensor, seqs: list[Sequence],
     if not rows:
         return logits
     with torch.inference_mode():
-        out = logits.to(torch.float32, copy=True)
-        whole = len(rows) == len(seqs)
-        idx = None if whole else torch.tensor(rows)
-        sub = out if whole else out.index_select(0, idx)
+        # clone() for fp32: .to(copy=True) takes a generic path, several times slower.
+        out = logits.clone() if logits.dtype == torch.float32 else logits.float()
+        # Every change is sparse: read and written through the flat view by key
+        # row * vocab + token, in place on the rows concerned (no copy of a row subset).
+        flat, vocab = out.view(-1), out.shape[-1]
         params = [seqs[i].params for i in rows]
         if any(_penalised(p) for p in params):
-            _apply_penalties(sub, [seqs[i] for i in rows])
+            _apply_penalties(flat, vocab, len(seqs), rows, [seqs[i] for i in rows])
         if any(p.logit_bias for p in params):
-            r = [j for j, p in enumerate(params) for _ in p.logit_bias]
+            r = [i for i, p in zip(rows, params, strict=True) for _ in p.logit_bias]
             t = [int(t) for p in params for t in p.logit_bias]
             v = [float(b) for p in params for b in p.logit_bias.values()]
-            sub.index_put_((torch.tensor(r), torch.tensor(t)), torch.tensor(v), accumulate=True)
-        short = [(j, seqs[i]) for j, i in enumerate(rows) if _short(seqs[i])]
+            flat.index_add_(0, torch.tensor(r) * vocab + torch.tensor(t),
+                            torch.tensor(v, dtype=flat.dtype))
+        short = [seqs[i] for i in rows if _short(seqs[i])]
         if short:
-            ends = [(j, set(s.params.stop_token_ids)
+            ends = [(i, set(s.params.stop_token_ids)
                      | (set() if s.params.ignore_eos else set(eos_token_ids)))
-                    for j, s in short]
-            r = [j for j, ids in ends for _ in ids]
-            t = [t for _, ids in ends for t in ids]
-            sub[torch.tensor(r, dtype=torch.long), torch.tensor(t, dtype=torch.long)] = float("-inf")
-        if not whole:
-            out.index_copy_(0, idx, sub)
+                    for i, s in zip([i for i in rows if _short(seqs[i])], short, strict=True)]
+            keys = [i * vocab + t for i, ids in ends for t in ids]
+            flat.index_fill_(0, torch.tensor(keys, dtype=torch.long), float("-inf"))
     return out
 
 
-def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
-    """In place on logits [len(seqs), vocab] fp32. Sparse: only the (row, token) pairs
-    of tokens a row has seen are read and written, a few hundred where the vocabulary
-    is 49k wide."""
-    vocab = logits.shape[-1]
+def _apply_penalties(flat: torch.Tensor, vocab: int, batch: int, rows: list[int],
+                     seqs: list[Sequence]) -> None:
+    """In place on the flat view of logits [batch, vocab] fp32, for `seqs` at batch
+    `rows`. Sparse: only the (row, token) pairs of tokens a row has seen are read and
+    written, a few hundred where the vocabulary is 49k wide."""
     params = [s.params for s in seqs]
     outputs = [s.output_token_ids for s in seqs]
-    rows = torch.repeat_interleave(torch.arange(len(seqs)),
-                                   torch.tensor([len(o) for o in outputs]))
+    at = torch.tensor(rows)
+    out_rows = torch.repeat_interleave(at, torch.tensor([len(o) for o in outputs]))
     # Each (row, token) of the outputs once, with its count, as one key row * vocab + token.
-    keys, counts = torch.unique(rows * vocab + torch.tensor(list(chain.from_iterable(outputs)),
-                                                            dtype=torch.long),
-                                return_counts=True)
+    keys, counts = torch.unique(
+        out_rows * vocab + torch.tensor(list(chain.from_iterable(outputs)), dtype=torch.long),
+        return_counts=True)
+
+    def per_row(values: list[float], neutral: float) -> torch.Tensor:
+        by_row = torch.full((batch,), neutral)
+        by_row[at] = torch.tensor(values)
+        return by_row
+
     # The repetition penalty first, on the model's own signs (vLLM's order), over the
     # tokens of the prompt and the output.
     if any(p.repetition_penalty != 1 for p in params):
-        rep = torch.tensor([p.repetition_penalty for p in params])
+        rep = per_row([p.repetition_penalty for p in params], 1.0)
         prompt = [_prompt_tokens(s) for s in seqs]
-        prompt_rows = torch.repeat_interleave(torch.arange(len(seqs)),
-                                              torch.tensor([len(t) for t in prompt]))
+        prompt_rows = torch.repeat_interleave(at, torch.tensor([len(t) for t in prompt]))
         seen = torch.unique(torch.cat([keys, prompt_rows * vocab + torch.cat(prompt)]))
-        r, t = seen // vocab, seen % vocab
-        v = logits[r, t]
-        logits[r, t] = torch.where(v > 0, v / rep[r], v * rep[r])
+        v, factor = flat.index_select(0, seen), rep[seen // vocab]
+        flat.index_copy_(0, seen, torch.where(v > 0, v / factor, v * factor))
     if len(keys) and any(p.frequency_penalty != 0 or p.presence_penalty != 0 for p in params):
-        freq = torch.tensor([p.frequency_penalty for p in params])
-        pres = torch.tensor([p.presence_penalty for p in params])
-        r, t = keys // vocab, keys % vocab
-        logits[r, t] -= counts * freq[r] + pres[r]
+        r = keys // vocab
+        freq = per_row([p.frequency_penalty for p in params], 0.0)[r]
+        pres = per_row([p.presence_penalty for p in params], 0.0)[r]
+        # Adding the negation is subtracting, exactly (IEEE 754).
+        flat.index_add_(0, keys, -(counts * freq + pres))
 
 
 def _prompt_tokens(seq: Sequence) -> torch.Tensor:
@@ -149,17 +153,47 @@ def apply_truncation(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
+def _candidate_count(top_k: torch.Tensor, vocab: int, size: int) -> int:
+    """How many tokens a row's candidates are drawn among: `size`, or the largest top_k."""
+    on_k = top_k < vocab
+    return min(vocab, max(size, int(top_k[on_k].max()) if bool(on_k.any()) else 0))
+
+
+def _scaled(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+    return logits if temperature is None else logits.float() / temperature.unsqueeze(1)
+
+
+def _most_likely(logits: torch.Tensor, k: int, top_k: torch.Tensor,
+                 temperature: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk(logits, k) as scaled values and ids, or fewer columns where fewer decide the
+    same draw: when every row has a top_k under k and no token ties with a row's k-th
+    (a tie is kept, so then all k are looked at), its top_k + 1 most likely. topk's cost
+    grows with k: 41 columns cost half of 256 over a 49k vocabulary."""
+    narrow = int(top_k.max()) + 1
+    if narrow < k and bool((top_k < logits.shape[-1]).all()):
+        vals, ids = torch.topk(logits, narrow, dim=-1)
+        vals = _scaled(vals, temperature)
+        at = top_k.unsqueeze(1)
+        if bool((vals.gather(1, at) < vals.gather(1, at - 1)).all()):
+            return vals, ids
+    vals, ids = torch.topk(logits, k, dim=-1)
+    return _scaled(vals, temperature), ids
+
+
 def candidates(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-               min_p: torch.Tensor, size: int = CANDIDATES
+               min_p: torch.Tensor, size: int = CANDIDATES,
+               temperature: torch.Tensor | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What apply_truncation keeps, found among each row's `size` most likely tokens
     (or its top_k, if larger) instead of masking and sorting the whole vocabulary:
     (logits [R, K], their token ids [R, K], most likely first, -inf where dropped;
-    covered [R]: True where every token the row keeps is among them)."""
+    covered [R]: True where every token the row keeps is among them). K may be less
+    than `size` where every row's top_k keeps fewer (_most_likely). `temperature` [R]:
+    `logits` are unscaled, and only the candidates are divided by it."""
     vocab = logits.shape[-1]
     on_k = top_k < vocab
-    k = min(vocab, max(size, int(top_k[on_k].max()) if bool(on_k.any()) else 0))
-    vals, ids = torch.topk(logits, k, dim=-1)
+    k = _candidate_count(top_k, vocab, size)
+    vals, ids = _most_likely(logits, k, top_k, temperature)
     # top_k (ties with the k-th kept) and min_p (p >= min_p * p_max <=> logit >= max
     # logit + log(min_p)), as one bound per row.
     kth = vals.gather(1, (top_k.clamp(1, k) - 1).unsqueeze(1))
@@ -173,7 +207,9 @@ def candidates(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
         wide = (top_p < 1) & ~covered
         if bool(wide.any()):  # the mass past the candidates counts too
             w = wide.nonzero().squeeze(1)
-            kept = _mask_min_p_top_k(logits.index_select(0, w), top_k[w], min_p[w])
+            rows = _scaled(logits.index_select(0, w),
+                           None if temperature is None else temperature[w])
+            kept = _mask_min_p_top_k(rows, top_k[w], min_p[w])
             norm[w] = torch.logsumexp(kept, dim=-1)
         probs = (vals - norm.unsqueeze(1)).exp()
         held = probs.cumsum(-1)
@@ -186,21 +222,23 @@ def candidates(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
     return vals, ids, covered
 
 
-def _race(logits: torch.Tensor, generators: list) -> torch.Tensor:
+def _race(logits: torch.Tensor, generators: list, width: int = 0) -> torch.Tensor:
     """One draw per row from softmax(logits) [R, N]: the exponential race (argmax of
     p / E, E ~ Exp(1)), one vectorised pass instead of torch.multinomial, which is slow
     over a large vocabulary on CPU. Unseeded rows draw their noise in one call, as -log U
     (torch's exponential_ costs about five times as much on CPU; U = 0 gives E = inf,
     which only loses). A seeded row draws with exponential_ from its own generator, so
-    its run repeats whatever else shares the batch, and as earlier versions drew it."""
+    its run repeats whatever else shares the batch, and as earlier versions drew it:
+    `width` noise values a row (the first N used), where fewer columns than the draw
+    used to take decide it (_most_likely)."""
     probs = logits.softmax(-1)
-    noise = torch.empty_like(probs)
+    noise = torch.empty(probs.shape[0], max(width, probs.shape[1]), dtype=probs.dtype)
     if any(g is None for g in generators):
         noise.uniform_().log_().neg_()  # seeded rows are overwritten below
     for j, g in enumerate(generators):
         if g is not None:
             noise[j].exponential_(generator=g)
-    return (probs / noise).argmax(dim=-1)
+    return (probs / noise[:, : probs.shape[1]]).argmax(dim=-1)
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
@@ -212,38 +250,44 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
 
     Random rows are scaled by their temperature; a row with top_k, top_p or min_p is
     drawn among its CANDIDATES most likely tokens (all it keeps, almost always), others
-    over the whole vocabulary.
+    over the whole vocabulary. Only what a draw reads is copied or scaled: a batch of
+    random rows with top_k reads the logits once (topk), never a whole-vocabulary copy.
     """
-    out = logits.max(dim=-1).indices
     rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+    if len(rows) == len(seqs):
+        out = torch.empty(len(seqs), dtype=torch.long)
+    else:
+        out = logits.max(dim=-1).indices
     if not rows:
         return out.tolist()
     vocab = logits.shape[-1]
     params = [seqs[i].params for i in rows]
     gens = [seqs[i].generator for i in rows]
     idx = torch.tensor(rows)
-    temps = torch.tensor([p.temperature for p in params]).unsqueeze(1)
-    scaled = logits.index_select(0, idx).float() / temps
+    temps = torch.tensor([p.temperature for p in params])
+    chosen = (logits if len(rows) == len(seqs) else logits.index_select(0, idx)).float()
     picked = torch.empty(len(rows), dtype=torch.long)
     cut = [j for j, p in enumerate(params) if p.top_k > 0 or p.top_p < 1 or p.min_p > 0]
     whole = sorted(set(range(len(rows))) - set(cut))
     if cut:
         c = torch.tensor(cut)
-        sub = scaled.index_select(0, c)
+        sub = chosen if len(cut) == len(rows) else chosen.index_select(0, c)
+        sub_temps = temps[c]
         top_k = torch.tensor([params[j].top_k or vocab for j in cut])
         top_p = torch.tensor([params[j].top_p for j in cut])
         min_p = torch.tensor([params[j].min_p for j in cut])
-        vals, ids, covered = candidates(sub, top_k, top_p, min_p)
-        choice = _race(vals, [gens[j] for j in cut])
+        vals, ids, covered = candidates(sub, top_k, top_p, min_p, temperature=sub_temps)
+        choice = _race(vals, [gens[j] for j in cut], _candidate_count(top_k, vocab, CANDIDATES))
         picked[c] = ids.gather(1, choice.unsqueeze(1)).squeeze(1)
         wide = [n for n, ok in enumerate(covered.tolist()) if not ok]
         if wide:  # a nucleus wider than the candidates: sort the vocabulary
             r = torch.tensor(wide)
-            full = apply_truncation(sub.index_select(0, r), top_k[r], top_p[r], min_p[r])
+            full = apply_truncation(_scaled(sub.index_select(0, r), sub_temps[r]), top_k[r],
+                                    top_p[r], min_p[r])
             picked[c[r]] = _race(full, [gens[cut[n]] for n in wide])
     if whole:
         w = torch.tensor(whole)
-        picked[w] = _race(scaled.index_select(0, w), [gens[j] for j in whole])
+        picked[w] = _race(_scaled(chosen.index_select(0, w), temps[w]), [gens[j] for j in whole])
     out[idx] = picked
     return out.tolist()
 

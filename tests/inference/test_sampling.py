@@ -254,3 +254,48 @@ def test_frequency_penalty_ends_a_loop_on_smollm2(smollm2_engine, temperature, s
 
     without, with_penalty = repeated_4grams(), repeated_4grams(frequency_penalty=1.5)
     assert with_penalty < without / 2, (with_penalty, without)
+
+
+def test_top_k_rows_drawn_among_fewer_columns_draw_what_the_full_candidates_draw(monkeypatch):
+    """Where every row has a top_k, the draw looks at top_k + 1 columns, not CANDIDATES:
+    the same tokens, seeded row for seeded row, as drawing among all the candidates."""
+    import inference.sampler as sampler
+
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(12, 5000, generator=g) * 3
+
+    def draws() -> list[list[int]]:
+        seqs = [_seq([1], [], temperature=0.3 + 0.1 * i, top_k=5 + 3 * i, top_p=0.9 if i % 2
+                     else 1.0, min_p=0.02 * (i % 3), seed=100 + i) for i in range(12)]
+        return [sample(logits, seqs) for _ in range(20)]
+
+    narrowed = draws()
+    full = sampler._most_likely
+
+    def all_candidates(logits, k, top_k, temperature):
+        return full(logits, k, torch.full_like(top_k, logits.shape[-1]), temperature)
+
+    monkeypatch.setattr(sampler, "_most_likely", all_candidates)
+    assert draws() == narrowed
+
+
+def test_a_tie_with_the_k_th_token_is_kept_when_top_k_is_narrowed():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 3.0, 3.0, 1.0, 0.0, -1.0]] * 2)
+    top_k, top_p, min_p = torch.tensor([3, 2]), torch.ones(2), torch.zeros(2)
+    temperature = torch.tensor([1.0, 0.5])
+    vals, ids, covered = candidates(logits, top_k, top_p, min_p, size=6,
+                                    temperature=temperature)
+    assert bool(covered.all())
+    assert set(ids[0][torch.isfinite(vals[0])].tolist()) == {0, 1, 2, 3, 4}  # ties kept
+    assert set(ids[1][torch.isfinite(vals[1])].tolist()) == {0, 1}
+    # Values come back scaled by each row's temperature.
+    assert vals[1][0].item() == 10.0
+
+
+def test_greedy_and_random_rows_in_one_batch_each_follow_their_own_rule():
+    logits = torch.randn(4, VOCAB)
+    seqs = [_seq([1], [], temperature=0), _seq([1], [], temperature=1.0, top_k=1, seed=1),
+            _seq([1], [], temperature=0), _seq([1], [], temperature=0.7, seed=2)]
+    picked = sample(logits, seqs)
+    assert picked[:3] == logits.argmax(-1)[:3].tolist()
+    assert 0 <= picked[3] < VOCAB
