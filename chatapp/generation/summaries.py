@@ -5,7 +5,8 @@ A reply whose prompt cuts history that has no summary yet asks for one (`ask`, w
 prompt is prepared); once that reply has ended, `start` hands the summary to a Celery
 worker when dispatch says so, else generates it on this process's engine once that is
 idle. It is generated once: the row is claimed (pending -> running) before any work, and
-a ready or failed row is never written again. Until it is ready, prompts show the marker
+a ready or failed row is never written again. One left unfinished for CHAT_STALE_REPLY_S
+(its process died) is asked for again by the next turn of its cut. Until it is ready, prompts show the marker
 alone; from the first prompt built after, they show its stored ids after the marker.
 """
 
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 from django.utils import timezone
 
 from chatapp.chat import selectors
@@ -47,9 +50,9 @@ class SummaryFailed(Exception):
 
 
 def ask(*, conversation, plan, path: list[Message]) -> int | None:
-    """The summary `plan`'s cut asks for: its id when this call created it (pending), for
-    the caller to `start`; None when summaries are off, the prompt cuts nothing, or the
-    cut has one already (ready, failed, or on its way)."""
+    """The summary `plan`'s cut asks for: its id when this call created it (pending), or
+    found it stale, for the caller to `start`; None when summaries are off, the prompt
+    cuts nothing, or the cut has one already (ready, failed, or on its way)."""
     cut = plan.cut
     if cut is None or cut.summary_tokens or not summaries_enabled():
         return None
@@ -57,7 +60,14 @@ def ask(*, conversation, plan, path: list[Message]) -> int | None:
         last_left_out=path[cut.messages - 1],
         defaults={"conversation": conversation, "messages": cut.messages},
     )
-    return summary.pk if created else None
+    if created:
+        return summary.pk
+    stale = timezone.now() - timedelta(seconds=settings.CHAT_STALE_REPLY_S)
+    # Its claim lapses: whichever generation stores first wins, the other writes nothing.
+    reset = HistorySummary.objects.filter(
+        pk=summary.pk, status__in=(Status.PENDING, Status.RUNNING), updated_at__lt=stale,
+    ).update(status=Status.PENDING, updated_at=timezone.now())
+    return summary.pk if reset else None
 
 
 async def start(summary_id: int, *, reply_id: int, detached: bool = True) -> None:
@@ -142,7 +152,7 @@ async def generate(summary_id: int) -> str:
 
 def _claim(summary_id: int) -> bool:
     return HistorySummary.objects.filter(pk=summary_id, status=Status.PENDING).update(
-        status=Status.RUNNING) == 1
+        status=Status.RUNNING, updated_at=timezone.now()) == 1
 
 
 def _status(summary_id: int) -> str:

@@ -204,3 +204,27 @@ async def test_a_failed_summary_leaves_the_marker_alone_working(alice, settings,
     # Every turn answered, behind the marker alone, missing the cache only at the cuts.
     assert all(cut["summary_tokens"] == 0 for cut in cuts)
     assert sum(t["miss"] for t in turns) == new_cuts
+
+
+@database_sync_to_async
+def left_by_a_dead_process(summary_id: int) -> None:
+    """The row as a process that died while generating it leaves it."""
+    HistorySummary.objects.filter(pk=summary_id).update(
+        status=HistorySummary.Status.RUNNING, token_ids=[], text="")
+
+
+async def test_a_summary_its_process_left_unfinished_is_asked_for_again(alice, settings):
+    settings.CHAT_HISTORY_SUMMARY = True
+    turns = await chat(alice, 40, until_cuts=0)
+    conversation = turns[-1]["conversation"]
+    (summary,) = (await summary_rows(conversation)).values()
+    await left_by_a_dead_process(summary.pk)
+    settings.CHAT_STALE_REPLY_S = 0
+    for n in range(2):
+        user, reply = await send(conversation, f"And one more thing, number {n}?")
+        assert (await replies.run_reply(reply.pk))["status"] == "done"
+        await summaries.settled()
+    (again,) = (await summary_rows(conversation)).values()
+    assert again.pk == summary.pk and again.status == HistorySummary.Status.READY, again.error
+    reply = await reload(reply)
+    assert reply.prefix_cache["history_cut"]["summary_tokens"] == len(again.token_ids)
