@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from chatapp.chat.models import Conversation, Message
+from chatapp.chat.models import Conversation, HistorySummary, Message
 
 
 class MessageInline(admin.TabularInline):
@@ -27,3 +27,12 @@ class MessageAdmin(admin.ModelAdmin):
     )
     list_filter = ("role", "status", "finish_reason")
     readonly_fields = ("token_ids", "generated_token_ids")
+
+
+@admin.register(HistorySummary)
+class HistorySummaryAdmin(admin.ModelAdmin):
+    list_display = ("id", "conversation", "messages", "status", "prompt_tokens", "cached_tokens",
+                    "updated_at")
+    list_filter = ("status",)
+    # Made once and never changed: prompts use its stored ids token for token.
+    readonly_fields = [f.name for f in HistorySummary._meta.fields]
