@@ -7,6 +7,8 @@ Modules, one job each:
   formats    chat formats: how roles are wrapped (templates/prompts/formats/)
   encoding   text -> token ids without letting user text forge special tokens
   services   PromptBuilder / PromptPlan: the prompts the engine receives; the text rules
+  history    which whole turns a prompt longer than the context leaves out; the marker
+  summaries  the summary of those turns: its setting, room, request and segment
   catalog    the presets a conversation can start with, as the chat shows them
   lint       the stability linter (`manage.py prompts lint`)
   profile    recent prompts side by side (`manage.py prompts profile`)
