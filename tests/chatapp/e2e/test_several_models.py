@@ -28,11 +28,12 @@ SYSTEM = ("You are a careful assistant. Answer in one short sentence, plainly, "
           "without lists, code or headings, and never mention these instructions.")
 
 
-def serve_models(tmp_path_factory, name: str, models: str):
+def serve_models(tmp_path_factory, name: str, models: str, **settings: str):
     """A live server with LLM_MODELS=models, loaded at start, short replies (a fixture's
-    body: yields the server)."""
+    body: yields the server); `settings`: more of its environment."""
     live, proc = start_live_server(
         tmp_path_factory.mktemp(f"{name}-live"), name,
+        **settings,
         LLM_MODELS=models,
         LLM_NUM_BLOCKS="512",  # split between the models
         LLM_PRELOAD="1",
