@@ -37,3 +37,15 @@ def test_logprobs_cross_as_the_engine_made_them():
     # Through JSON, as the Redis channel layer carries it.
     message = json.loads(json.dumps(_message(out)))
     assert _Outputs()(message["output"]) == out
+
+
+def test_a_prompt_s_logprobs_cross_as_the_engine_made_them():
+    import json
+
+    from inference.sampler import TokenLogprob
+
+    out = _outputs()[0]
+    out.prompt_logprobs = [None, TokenLogprob(7, -2.5, ((3, -0.5),)),
+                           TokenLogprob(8, -0.125, ((8, -0.125),))]
+    message = json.loads(json.dumps(_message(out)))
+    assert _Outputs()(message["output"]) == out

@@ -472,3 +472,28 @@ def test_sampling_settings_reach_the_worker_and_its_logprobs_line_up(cluster, al
     assert choice["message"]["content"] == " banana" * 4
     joined = b"".join(bytes(t["bytes"]) for t in choice["logprobs"]["content"])
     assert joined == (" banana" * 4).encode()
+
+
+def test_a_text_completion_runs_on_a_worker_with_its_prompt_s_logprobs(cluster, alice):
+    """/v1/completions takes the same path: the worker scores the prompt during its
+    prefill and the logprobs come back through Redis, one per prompt token."""
+    from chatapp.api.services import api_key_create
+    from inference.loader import load_tokenizer
+
+    prompt = "The three primary colours are"
+    ids = load_tokenizer().encode(prompt)
+    _, key = api_key_create(user=alice, max_concurrent=4)
+    before = _affinity(cluster)
+    with _v1(cluster, key) as v1:
+        done = v1.post("/completions", json={
+            "model": "smollm2-135m-instruct", "prompt": [prompt, ids], "max_tokens": 4,
+            "temperature": 0, "echo": True, "logprobs": 1})
+    assert done.status_code == 200, done.text
+    assert set(_affinity(cluster)) - set(before)  # a worker ran it
+    first, second = done.json()["choices"]
+    assert first["text"] == second["text"] and first["text"].startswith(prompt)
+    logprobs = first["logprobs"]
+    assert logprobs["token_logprobs"][0] is None
+    assert all(lp <= 0 for lp in logprobs["token_logprobs"][1:])
+    assert "".join(logprobs["tokens"]) == first["text"]
+    assert len(logprobs["tokens"]) == len(ids) + done.json()["usage"]["completion_tokens"] // 2
