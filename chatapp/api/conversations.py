@@ -15,12 +15,16 @@ from chatapp.generation import orphans, replies
 
 
 def conversation_queryset(
-    *, user, search: str = "", preset_id: str | None = None, ordering: str = "-updated_at"
+    *, user, search: str = "", preset_id: str | None = None, ordering: str = "-updated_at",
+    archived: bool | None = None, pinned: bool | None = None, tag: str = "",
 ) -> QuerySet[Conversation]:
-    qs = chat_selectors.conversation_list(user=user, search=search)
+    qs = chat_selectors.conversation_list(user=user, search=search, archived=archived, tag=tag)
     if preset_id:
         qs = qs.filter(preset_id=preset_id)
-    return qs.annotate(message_count=Count("messages")).order_by(ordering, "-id")
+    if pinned is not None:
+        qs = qs.filter(pinned=pinned)
+    return (qs.annotate(message_count=Count("messages")).prefetch_related("tags")
+            .order_by(ordering, "-id"))
 
 
 def children_map(messages: list[Message]) -> dict[int, list[int]]:

@@ -7,9 +7,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from chatapp.chat.errors import InvalidInput
-from chatapp.chat.models import Conversation, Message
+from chatapp.chat.models import Conversation, ConversationTag, Message
 from chatapp.chat.payloads import usage_dict
-from chatapp.chat.services import validate_title, validate_user_text
+from chatapp.chat.services import MAX_TAGS, validate_tags, validate_title, validate_user_text
 from chatapp.generation import model_cards, served_models
 
 
@@ -95,6 +95,7 @@ class ConversationSerializer(serializers.ModelSerializer):
     current_leaf_id = serializers.IntegerField(allow_null=True, read_only=True)
     message_count = serializers.SerializerMethodField()
     model = serializers.SerializerMethodField(help_text="The model that answers it (a /v1/models id).")
+    tags = serializers.SerializerMethodField()
 
     class Meta:
         model = Conversation
@@ -105,6 +106,9 @@ class ConversationSerializer(serializers.ModelSerializer):
             "preset_version",
             "preset_variables",
             "model",
+            "pinned",
+            "archived",
+            "tags",
             "current_leaf_id",
             "message_count",
             "created_at",
@@ -114,6 +118,9 @@ class ConversationSerializer(serializers.ModelSerializer):
 
     def get_model(self, obj: Conversation) -> str:
         return served_models.alias_of(obj.model)
+
+    def get_tags(self, obj: Conversation) -> list[str]:
+        return [t.name for t in obj.tags.all()]  # prefetched by the list
 
     def get_message_count(self, obj: Conversation) -> int:
         count = getattr(obj, "message_count", None)
@@ -146,7 +153,31 @@ class ConversationCreateSerializer(serializers.Serializer):
 
 
 class ConversationRenameSerializer(serializers.Serializer):
-    title = TitleField()
+    """What PATCH changes: any of these, at least one."""
+
+    title = TitleField(required=False)
+    pinned = serializers.BooleanField(required=False, help_text="Pinned ones head the chat "
+                                      "page's list.")
+    archived = serializers.BooleanField(required=False, help_text="Archived ones leave the "
+                                        "list (still found by `search`); false restores one.")
+    tags = serializers.ListField(
+        child=StrictCharField(max_length=ConversationTag.NAME_MAX_CHARS, allow_blank=True),
+        required=False, max_length=MAX_TAGS,
+        help_text=f"Replaces the tags (at most {MAX_TAGS}, each at most "
+                  f"{ConversationTag.NAME_MAX_CHARS} characters).",
+    )
+
+    def validate_tags(self, value: list[str]) -> list[str]:
+        try:
+            return validate_tags(value)
+        except InvalidInput as exc:
+            raise serializers.ValidationError(exc.message, code=exc.code) from None
+
+    def validate(self, attrs: dict) -> dict:
+        if not attrs:
+            raise serializers.ValidationError("Send at least one of title, pinned, archived, "
+                                              "tags.", code="required")
+        return attrs
 
 
 class ConversationFilterSerializer(serializers.Serializer):
@@ -155,6 +186,15 @@ class ConversationFilterSerializer(serializers.Serializer):
         help_text="Matches titles and message text (case-insensitive).",
     )
     preset_id = serializers.CharField(required=False, max_length=64)
+    archived = serializers.BooleanField(
+        required=False, allow_null=True, default=None,
+        help_text="true: archived ones only; false: the others. Unset: archived ones are left "
+                  "out unless `search` is given.",
+    )
+    pinned = serializers.BooleanField(required=False, allow_null=True, default=None)
+    tag = serializers.CharField(required=False, allow_blank=True, default="",
+                                max_length=ConversationTag.NAME_MAX_CHARS,
+                                help_text="Only conversations with this tag.")
     ordering = serializers.ChoiceField(
         choices=ORDERINGS, required=False, default="-updated_at",
         # DRF's message quotes the value whole; name the choices instead.

@@ -101,13 +101,15 @@ class ConversationDetailView(APIView):
     @_schema("conversations_rename", request=ConversationRenameSerializer,
              responses={200: ConversationSerializer, 400: E, **ERRORS})
     def patch(self, request: Request, conversation_id: int) -> Response:
-        """Rename a conversation."""
+        """Rename, pin, archive (or restore) or tag a conversation."""
         conversation = _conversation(request, conversation_id)
         body = ConversationRenameSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        conversation = chat_services.conversation_rename(
-            conversation=conversation, title=body.validated_data["title"]
-        )
+        changes = dict(body.validated_data)
+        if "title" in changes:
+            conversation = chat_services.conversation_rename(
+                conversation=conversation, title=changes.pop("title"))
+        conversation = chat_services.conversation_organise(conversation=conversation, **changes)
         return Response(ConversationSerializer(conversation).data)
 
     @_schema("conversations_destroy", responses={204: None, **ERRORS})

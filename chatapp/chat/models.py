@@ -27,6 +27,10 @@ class Conversation(models.Model):
     # The model that answers it (an alias of LLM_MODELS), fixed at creation: its history
     # is that model's tokens. Blank: the default model (conversations from before).
     model = models.CharField(max_length=64, blank=True, default="")
+    # The owner's organisation: pinned ones head the list; archived ones leave it but stay
+    # searchable and can be restored. Changing either leaves updated_at (the order) alone.
+    pinned = models.BooleanField(default=False)
+    archived = models.BooleanField(default=False)
     # The message the owner last added or looked at: where a plain "send" continues.
     current_leaf = models.ForeignKey(
         "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -189,3 +193,20 @@ class HistorySummary(models.Model):
     def request_id(self) -> str:
         """The engine request id of its generation."""
         return f"{self.REQUEST_ID_PREFIX}{self.pk}"
+
+
+class ConversationTag(models.Model):
+    """A label the owner puts on a conversation; the sidebar filters by it. A row per tag
+    (not a JSON list) so the filter is one indexed join on every database."""
+
+    NAME_MAX_CHARS = 32
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="tags")
+    name = models.CharField(max_length=NAME_MAX_CHARS)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["conversation", "name"],
+                                               name="conversation_tag_unique")]
+
+    def __str__(self) -> str:
+        return self.name

@@ -6,11 +6,16 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Q, QuerySet
 
 from chatapp.chat.errors import NotFound
-from chatapp.chat.models import Conversation, HistorySummary, Message
+from chatapp.chat.models import Conversation, ConversationTag, HistorySummary, Message
 
 
-def conversation_list(*, user: AbstractBaseUser, search: str = "") -> QuerySet[Conversation]:
-    """The user's conversations, newest first; `search` matches titles and message text."""
+def conversation_list(
+    *, user: AbstractBaseUser, search: str = "", archived: bool | None = None, tag: str = ""
+) -> QuerySet[Conversation]:
+    """The user's conversations, newest first; `search` matches titles and message text.
+    `archived`: True for archived ones only, False for the others; None hides them unless
+    `search` is given (archived is out of the list, not out of reach). `tag`: only those
+    tagged so."""
     qs = Conversation.objects.filter(owner=user)
     search = search.strip()
     if search:
@@ -18,7 +23,27 @@ def conversation_list(*, user: AbstractBaseUser, search: str = "") -> QuerySet[C
             conversation__owner=user, content__icontains=search
         ).values("conversation_id")
         qs = qs.filter(Q(title__icontains=search) | Q(pk__in=matching))
+    if archived is None and not search:
+        archived = False
+    if archived is not None:
+        qs = qs.filter(archived=archived)
+    if tag:
+        qs = qs.filter(tags__name=tag)
     return qs
+
+
+def sidebar_list(
+    *, user: AbstractBaseUser, search: str = "", archived: bool | None = None, tag: str = ""
+) -> QuerySet[Conversation]:
+    """conversation_list as the chat page's sidebar shows it: pinned ones first."""
+    return (conversation_list(user=user, search=search, archived=archived, tag=tag)
+            .prefetch_related("tags").order_by("-pinned", "-updated_at", "-id"))
+
+
+def user_tags(*, user: AbstractBaseUser) -> list[str]:
+    """Every tag on the user's conversations, sorted: the sidebar's filter choices."""
+    return list(ConversationTag.objects.filter(conversation__owner=user)
+                .values_list("name", flat=True).distinct().order_by("name"))
 
 
 def _one(qs: QuerySet, pk: int | str, what: str):

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from chatapp.chat import selectors
 from chatapp.chat.errors import Busy, InvalidInput, sentence
-from chatapp.chat.models import Conversation, Message
+from chatapp.chat.models import Conversation, ConversationTag, Message
 from chatapp.prompts import catalog
 from chatapp.prompts.encoding import check_text
 from chatapp.prompts.errors import EmptyMessage, MessageTooLong, PromptError
@@ -94,6 +94,59 @@ def conversation_create(
 def conversation_rename(*, conversation: Conversation, title: object) -> Conversation:
     conversation.title = validate_title(title)
     conversation.save(update_fields=["title", "updated_at"])
+    return conversation
+
+
+MAX_TAGS = 10
+
+
+def validate_tags(tags: object) -> list[str]:
+    """A conversation's tags: a list of short labels, stripped, inner spaces collapsed,
+    duplicates dropped; InvalidInput with a message fit to show otherwise."""
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise InvalidInput("Tags must be a list of text labels.", code="invalid")
+    names: list[str] = []
+    for tag in tags:
+        name = " ".join(tag.split())
+        if not name:
+            raise InvalidInput("A tag is empty.", code="blank")
+        limit = ConversationTag.NAME_MAX_CHARS
+        if len(name) > limit:
+            raise InvalidInput(f"A tag is at most {limit} characters ({name[:limit]}… is longer).",
+                               code="max_length")
+        try:
+            check_text(name, "a tag")
+        except PromptError as exc:
+            raise InvalidInput(sentence(str(exc)), code="invalid_value") from None
+        if name not in names:
+            names.append(name)
+    if len(names) > MAX_TAGS:
+        raise InvalidInput(f"At most {MAX_TAGS} tags a conversation.", code="max_length")
+    return names
+
+
+@transaction.atomic
+def conversation_organise(
+    *, conversation: Conversation, pinned: bool | None = None, archived: bool | None = None,
+    tags: object = None,
+) -> Conversation:
+    """Pin, archive (or restore) and tag a conversation; None leaves that as it is. Its
+    updated_at stays: organising is not activity, and the list keeps its order."""
+    fields = []
+    if pinned is not None:
+        conversation.pinned = bool(pinned)
+        fields.append("pinned")
+    if archived is not None:
+        conversation.archived = bool(archived)
+        fields.append("archived")
+    if fields:
+        conversation.save(update_fields=fields)
+    if tags is not None:
+        names = validate_tags(tags)
+        conversation.tags.exclude(name__in=names).delete()
+        have = set(conversation.tags.values_list("name", flat=True))
+        ConversationTag.objects.bulk_create(
+            [ConversationTag(conversation=conversation, name=n) for n in names if n not in have])
     return conversation
 
 

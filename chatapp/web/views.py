@@ -39,10 +39,13 @@ def _tree(conversation) -> dict:
 
 
 def _listing(request: HttpRequest) -> dict:
-    """The sidebar's conversations, filtered by ?q= (titles and message text)."""
-    search = request.GET.get("q", "")
-    return {"conversations": selectors.conversation_list(user=request.user, search=search)[:200],
-            "search": search}
+    """The sidebar's conversations, filtered by ?q= (titles and message text), ?tag= and
+    ?archived=1 (the archived ones instead of the others); pinned ones first."""
+    search, tag = request.GET.get("q", ""), request.GET.get("tag", "").strip()
+    archived = True if request.GET.get("archived") else None
+    found = selectors.sidebar_list(user=request.user, search=search, archived=archived, tag=tag)
+    return {"conversations": found[:200], "search": search, "tag": tag,
+            "archived": bool(archived), "tags": selectors.user_tags(user=request.user)}
 
 
 def _page(request: HttpRequest, conversation=None) -> HttpResponse:

@@ -89,7 +89,15 @@
     const nav = list.closest("nav");
     let timer = 0;
     let inflight = null;
-    let shown = input.value.trim();
+    // The form's search text and filters (tag, archived) as the list's query string.
+    function query() {
+      const params = new URLSearchParams();
+      new FormData(input.form).forEach(function (value, name) {
+        if (String(value).trim()) params.set(name, String(value).trim());
+      });
+      return params.toString();
+    }
+    let shown = query();
 
     function markCurrent() {
       const current = nav && nav.dataset.current;
@@ -100,10 +108,11 @@
 
     function search() {
       const q = input.value.trim();
-      if (q === shown) return;
+      const qs = query();
+      if (qs === shown) return;
       if (inflight) inflight.abort();
       inflight = window.AbortController ? new AbortController() : null;
-      const url = input.form.dataset.listUrl + "?q=" + encodeURIComponent(q);
+      const url = input.form.dataset.listUrl + (qs ? "?" + qs : "");
       fetch(url, { credentials: "same-origin", signal: inflight && inflight.signal })
         .then(function (r) {
           if (!r.ok) throw new Error("HTTP " + r.status);
@@ -112,11 +121,12 @@
         .then(function (html) {
           list.innerHTML = html; // our own template's output, autoescaped
           markCurrent();
-          shown = q;
+          shown = qs;
           list.dataset.query = q; // lets a test wait for this query's answer
+          list.dataset.filters = qs;
           // A reload (or the back button) shows the same filtered list.
           const here = new URL(location.href);
-          if (q) here.searchParams.set("q", q); else here.searchParams.delete("q");
+          here.search = qs;
           history.replaceState(history.state, "", here);
         })
         .catch(function (err) {
@@ -128,6 +138,11 @@
       clearTimeout(timer);
       timer = setTimeout(search, SEARCH_DEBOUNCE_MS);
     });
+    // A filter applies at once; organise.js asks for the list again after a change.
+    input.form.addEventListener("change", function (e) {
+      if (e.target !== input) { clearTimeout(timer); search(); }
+    });
+    document.addEventListener("conversation-list:refresh", function () { shown = null; search(); });
     input.form.addEventListener("submit", function (e) {
       e.preventDefault(); // Enter searches at once, without a page load
       clearTimeout(timer);
