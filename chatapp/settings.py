@@ -187,6 +187,10 @@ LLM_PRELOAD = env_bool("LLM_PRELOAD", True)
 CHAT_MAX_NEW_TOKENS = int(os.environ.get("CHAT_MAX_NEW_TOKENS", "512"))
 CHAT_TEMPERATURE = float(os.environ.get("CHAT_TEMPERATURE", "0.7"))
 CHAT_TOP_P = float(os.environ.get("CHAT_TOP_P", "0.9"))
+# A chat's own system prompt (settings panel, personal presets): at most this many
+# characters. CHAT_LOCK_PRESETS=1 lets users choose only the operator's presets.
+CHAT_SYSTEM_PROMPT_MAX_CHARS = int(os.environ.get("CHAT_SYSTEM_PROMPT_MAX_CHARS", "8000"))
+CHAT_LOCK_PRESETS = env_bool("CHAT_LOCK_PRESETS", False)
 # History longer than the context: the oldest whole turns are left out, in one step down
 # to this share of the context (chatapp.prompts.history). CHAT_CONTEXT_TOKENS (0: the
 # model's context) keeps a chat's prompt and reply within fewer tokens than the model has.

@@ -75,6 +75,8 @@ def export_markdown(*, conversation: Conversation) -> str:
     lines.append(f"_Preset: {conversation.preset_id} {conversation.preset_version}_".rstrip())
     if total > len(branch):
         lines.append(f"_Current branch: {len(branch)} of {total} messages._")
+    if conversation.system_prompt:
+        lines += ["", "## System prompt", "", conversation.system_prompt]
     lines.append("")
     for m in branch:
         who = "User" if m.role == Message.Role.USER else "Assistant"

@@ -6,6 +6,12 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from chatapp.api.chat_settings_serializers import (
+    MaxNewTokensField,
+    SystemPromptField,
+    TemperatureField,
+    TopPField,
+)
 from chatapp.chat.errors import InvalidInput
 from chatapp.chat.models import Conversation, ConversationTag, Message
 from chatapp.chat.payloads import usage_dict
@@ -96,6 +102,9 @@ class ConversationSerializer(serializers.ModelSerializer):
     message_count = serializers.SerializerMethodField()
     model = serializers.SerializerMethodField(help_text="The model that answers it (a /v1/models id).")
     tags = serializers.SerializerMethodField()
+    user_preset_id = serializers.IntegerField(
+        allow_null=True, read_only=True, help_text="The personal preset it was started on "
+        "or last given (GET/PATCH its settings at settings/).")
 
     class Meta:
         model = Conversation
@@ -106,6 +115,11 @@ class ConversationSerializer(serializers.ModelSerializer):
             "preset_version",
             "preset_variables",
             "model",
+            "system_prompt",
+            "temperature",
+            "top_p",
+            "max_new_tokens",
+            "user_preset_id",
             "pinned",
             "archived",
             "tags",
@@ -143,6 +157,13 @@ class ConversationCreateSerializer(serializers.Serializer):
         max_length=64, required=False, allow_null=True, default=None,
         help_text="The model that answers it (a /v1/models id); unset: the default.",
     )
+    user_preset_id = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=1,
+        help_text="Start it on this personal preset (its system prompt, settings and model).")
+    system_prompt = SystemPromptField(help_text="Its own system prompt (blank: the preset's).")
+    temperature = TemperatureField()
+    top_p = TopPField()
+    max_new_tokens = MaxNewTokensField()
 
     def validate_model(self, value: str | None) -> str:
         """The value the conversation stores; the catalog's message for a name not served."""

@@ -4,6 +4,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from chatapp.api import (
+    chat_settings_views,
     schema,  # noqa: F401  (registers the Bearer scheme with drf-spectacular)
     views,
     web,
@@ -19,6 +20,7 @@ conversation_urls = [
     path("messages/<int:message_id>/stop/", views.MessageStopView.as_view(), name="message-stop"),
     path("messages/<int:message_id>/continue/", views.MessageContinueView.as_view(),
          name="message-continue"),
+    path("settings/", chat_settings_views.ConversationSettingsView.as_view(), name="settings"),
     path("export/", views.ExportView.as_view(), name="export"),
     path("export/markdown/", views.ExportMarkdownView.as_view(), name="export-markdown"),
 ]
@@ -27,6 +29,10 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("api/presets/", views.PresetListView.as_view(), name="presets"),
+    path("api/user-presets/", chat_settings_views.UserPresetListView.as_view(),
+         name="user-presets"),
+    path("api/user-presets/<int:preset_id>/", chat_settings_views.UserPresetDetailView.as_view(),
+         name="user-preset"),
     path("api/conversations/", views.ConversationListView.as_view(), name="conversations"),
     path("api/conversations/<int:conversation_id>/", include(conversation_urls)),
     # Anything else under /api/ answers a JSON 404 (not the HTML page) in the API's shape.

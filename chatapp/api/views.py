@@ -41,6 +41,7 @@ from chatapp.api.serializers import (
     StreamEventSerializer,
     TurnSerializer,
 )
+from chatapp.chat import chat_settings
 from chatapp.chat import selectors as chat_selectors
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Message
@@ -89,7 +90,12 @@ class ConversationListView(GenericAPIView):
         """Start a conversation (optionally with a preset, a version of it and its variables)."""
         body = ConversationCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        conversation = chat_services.conversation_create(owner=request.user, **body.validated_data)
+        data = dict(body.validated_data)
+        changes = {name: data.pop(name) for name in chat_settings.SETTING_NAMES
+                   if name in data and name != "model"}
+        conversation = chat_settings.conversation_start(
+            owner=request.user, user_preset_id=data.pop("user_preset_id"), changes=changes,
+            **data)
         return Response(ConversationSerializer(conversation).data, status=status.HTTP_201_CREATED)
 
 

@@ -31,6 +31,17 @@ class Conversation(models.Model):
     # searchable and can be restored. Changing either leaves updated_at (the order) alone.
     pinned = models.BooleanField(default=False)
     archived = models.BooleanField(default=False)
+    # The owner's settings for it (the settings panel; chatapp.chat.chat_settings). A
+    # system prompt of its own replaces the preset's text; blank: the preset's. Sampling
+    # fields left null use the server's CHAT_TEMPERATURE, CHAT_TOP_P, CHAT_MAX_NEW_TOKENS.
+    system_prompt = models.TextField(blank=True, default="")
+    temperature = models.FloatField(null=True, blank=True)
+    top_p = models.FloatField(null=True, blank=True)
+    max_new_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # The personal preset it was started on or last given (the header names it).
+    user_preset = models.ForeignKey(
+        "UserPreset", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     # The message the owner last added or looked at: where a plain "send" continues.
     current_leaf = models.ForeignKey(
         "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -90,6 +101,9 @@ class Message(models.Model):
     # For a reply: where its prompt's prefix-cache match ended and why (reason, tokens
     # matched and restored from the host/disk tier, where a diverging prompt differs).
     prefix_cache = models.JSONField(null=True, blank=True)
+    # The conversation's model when this message was made: whose tokenizer its ids are.
+    # After a model change, older messages are encoded again from their text.
+    model = models.CharField(max_length=64, blank=True, default="")
     finish_reason = models.CharField(max_length=16, blank=True, default="")
     error = models.TextField(blank=True, default="")
     # For a reply: the engine that generated it (a worker's hostname, or web@host). The
@@ -207,6 +221,34 @@ class ConversationTag(models.Model):
         ordering = ["name"]
         constraints = [models.UniqueConstraint(fields=["conversation", "name"],
                                                name="conversation_tag_unique")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class UserPreset(models.Model):
+    """A user's own preset: a system prompt and reply settings saved from the settings
+    panel, for new chats. Only its owner sees it; operators' presets are files
+    (chatapp.prompts.presets)."""
+
+    NAME_MAX_CHARS = 80
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_presets"
+    )
+    name = models.CharField(max_length=NAME_MAX_CHARS)
+    system_prompt = models.TextField(blank=True, default="")
+    temperature = models.FloatField(null=True, blank=True)
+    top_p = models.FloatField(null=True, blank=True)
+    max_new_tokens = models.PositiveIntegerField(null=True, blank=True)
+    model = models.CharField(max_length=64, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="user_preset_unique_name")
+        ]
 
     def __str__(self) -> str:
         return self.name

@@ -217,14 +217,16 @@ def _auto_title(conversation: Conversation, content: str) -> None:
 def _pending_reply(conversation: Conversation, parent_id: int) -> Message:
     """A pending reply to `parent_id`, which becomes the current leaf (saved by the caller)."""
     reply = Message.objects.create(conversation=conversation, parent_id=parent_id,
-                                   role=Message.Role.ASSISTANT, status=Message.Status.PENDING)
+                                   role=Message.Role.ASSISTANT, status=Message.Status.PENDING,
+                                   model=conversation.model)
     conversation.current_leaf = reply
     return reply
 
 
 def _add_turn(conversation: Conversation, parent: Message | None, content: str):
     user_msg = Message.objects.create(
-        conversation=conversation, parent=parent, role=Message.Role.USER, content=content
+        conversation=conversation, parent=parent, role=Message.Role.USER, content=content,
+        model=conversation.model,
     )
     reply = _pending_reply(conversation, user_msg.pk)
     _auto_title(conversation, content)
@@ -286,6 +288,10 @@ def message_continue(*, conversation: Conversation, message_id: int | str) -> Me
     if reply.children.exists():
         raise InvalidInput("Only the last reply of a branch can be continued.",
                            code="not_continuable")
+    if reply.model != conversation.model:
+        # Its ids are another tokenizer's: the new model cannot go on from them.
+        raise InvalidInput("This reply was written by the chat's previous model; "
+                           "regenerate it instead.", code="not_continuable")
     reply.status = Message.Status.PENDING
     reply.finish_reason = ""
     reply.runner = ""

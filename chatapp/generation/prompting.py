@@ -19,7 +19,7 @@ from chatapp.chat import selectors
 from chatapp.chat.errors import InvalidInput, sentence
 from chatapp.chat.models import Message
 from chatapp.generation import embedded
-from chatapp.generation.served_models import UnknownModel
+from chatapp.generation.served_models import UnknownModel, alias_of
 from chatapp.prompts.errors import ContextExceeded, PromptError
 from chatapp.prompts.history import ContextLimit, history_target
 from chatapp.prompts.profile import record_prompt
@@ -64,8 +64,34 @@ class PromptFailure(Exception):
 
 
 def _system_ids(builder: PromptBuilder, conversation) -> list[int]:
+    if conversation.system_prompt:
+        # The chat's own text, as written, never rendered (chatapp.prompts.system_text):
+        # padded to whole blocks like a preset's, so chats on the same text share them.
+        return builder.system_segment_for_text(conversation.system_prompt)
     return builder.system_segment(conversation.preset_id, conversation.preset_version or None,
                                   conversation.preset_variables or None)
+
+
+def _same_model(message, conversation) -> bool:
+    return alias_of(message.model) == alias_of(conversation.model)
+
+
+def _segments(builder: PromptBuilder, conversation, messages: list, has_system: bool,
+              ) -> list[list[int]]:
+    """The stored ids of `messages`, oldest first; a message another model made (the
+    chat's model changed since) is encoded from its text by this tokenizer instead, the
+    same way every turn, so later turns still extend the prompt."""
+    out = []
+    for i, m in enumerate(messages):
+        if _same_model(m, conversation):
+            out.append(list(m.token_ids))
+        elif m.role == Message.Role.USER:
+            first = i == 0
+            out.append(builder.user_segment(m.content, opening=first and not has_system,
+                                            after_system=first and has_system))
+        else:
+            out.append(builder.assistant_segment_from_text(m.content))
+    return out
 
 
 def build_reply_prompt(*, tokenizer, conversation, history: list) -> PromptPlan:
@@ -92,17 +118,22 @@ def _build(builder: PromptBuilder, conversation, history: list, text: str | None
     summary of a cut that has one. `text`: a new message after the whole of `history`
     instead (a summary's request)."""
     earlier, text = (history[:-1], history[-1].content) if text is None else (history, text)
+    system = _system_ids(builder, conversation)
+    own = bool(conversation.system_prompt)
+    # Stored summaries are the tokens of the model that wrote them.
+    one_model = all(_same_model(m, conversation) for m in earlier)
     return builder.build(
-        _system_ids(builder, conversation),
-        [list(m.token_ids) for m in earlier],
+        system,
+        _segments(builder, conversation, earlier, bool(system)),
         text,
-        preset_id=conversation.preset_id,
-        preset_version=conversation.preset_version or None,
+        preset_id=None if own else conversation.preset_id,
+        preset_version=None if own else conversation.preset_version or None,
         cache_salt=cache_salt_for(conversation.owner),
-        limit=context_limit(conversation.model),
+        limit=context_limit(conversation.model, conversation.max_new_tokens),
         turn_starts=[m.role == Message.Role.USER for m in earlier],
         # A cut is known by the last message it leaves out.
-        summary=lambda left_out: selectors.ready_summary_ids(message=earlier[left_out - 1]),
+        summary=lambda left_out: (selectors.ready_summary_ids(message=earlier[left_out - 1])
+                                  if one_model else None),
     )
 
 
@@ -133,7 +164,7 @@ def check_new_message(*, conversation, content: object) -> None:
     except (PromptError, UnknownModel):
         return  # the reply says what is wrong, as it always has
     marker = builder.marker_segment(after_system=bool(system)) if has_history else []
-    limit = context_limit(conversation.model)
+    limit = context_limit(conversation.model, conversation.max_new_tokens)
     need = len(system) + len(marker) + len(user) + len(builder.generation_prompt())
     if need >= limit.max_model_len:
         raise InvalidInput(sentence(str(ContextExceeded(need, limit.max_model_len))),
@@ -151,7 +182,7 @@ def conversation_prompt_ids(*, tokenizer, conversation) -> list[int]:
         return []
     branch = []
     for message in selectors.current_branch(conversation=conversation):
-        if not message.token_ids:
+        if not message.token_ids or not _same_model(message, conversation):
             break
         branch.append(message)
     # The last turn's prompt says which turns the next one starts from.

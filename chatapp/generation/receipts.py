@@ -1,7 +1,8 @@
 """A reply's cache receipt (its reasons: docs/chat.md, "Cache receipts"): the engine's
 record of where the prompt's prefix-cache match ended, plus what only the chat knows, the
 previous turn. A prompt that does not extend the previous turn's prompt and reply (an
-edit, a regenerated earlier turn) "diverged" where they differ.
+edit, a regenerated earlier turn) "diverged" where they differ; one built after the
+chat's system prompt or model changed names that change (`changed`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from dataclasses import dataclass, replace
 
 from chatapp.chat import selectors
 from chatapp.chat.models import Message
+from chatapp.generation.served_models import alias_of
+from chatapp.prompts.services import prefix_hash
 
 SEGMENTS = {"system": "system prompt", "cut": "history cut", "summary": "history summary",
             "history": "earlier message", "user": "new message",
@@ -25,6 +28,9 @@ class Divergence:
     message_id: int | None  # the message whose segment holds it (None: the system prompt)
     segment: str | None
     cut: dict | None = None
+    # The chat's settings changed since its previous reply ("system prompt", "model"):
+    # this prompt was built anew from there, so the cache was cold because of it.
+    changed: tuple[str, ...] = ()
 
 
 def divergence(*, reply: Message, plan, path: list[Message]) -> Divergence | None:
@@ -32,19 +38,49 @@ def divergence(*, reply: Message, plan, path: list[Message]) -> Divergence | Non
     first differs from the ids the conversation's previous reply left in the cache, with
     the history cut it made; None when it extends them and cut nothing."""
     cut = history_cut(plan=plan, path=path)
+    changed = _changed_settings(reply, plan)
+    if changed:
+        return Divergence(None, None, None, cut, changed)
     found = _first_difference(reply, plan, path)
     if found is None:
         return None if cut is None else Divergence(None, None, None, cut)
     return replace(found, cut=cut)
 
 
-def _first_difference(reply: Message, plan, path: list[Message]) -> Divergence | None:
+def _previous_reply(reply: Message) -> Message | None:
+    """The conversation's latest reply before `reply` that left ids (a failed one left
+    none): what its prompt is compared with."""
     finished = Message.objects.filter(
         conversation_id=reply.conversation_id, role=Message.Role.ASSISTANT, pk__lt=reply.pk,
         prompt_tokens__isnull=False,
     ).order_by("-pk")[:8]
-    # The latest reply that left ids (a failed one left none).
-    previous = next((m for m in finished if m.token_ids), None)
+    return next((m for m in finished if m.token_ids), None)
+
+
+def system_hash(plan) -> str:
+    """A name for the plan's system segment, kept in the receipt: the next reply tells
+    from it whether the chat's system prompt changed in between."""
+    system = next((seg for seg in plan.segments if seg.kind == "system"), None)
+    return prefix_hash(plan.token_ids[: system.end] if system is not None else ())
+
+
+def _changed_settings(reply: Message, plan) -> tuple[str, ...]:
+    """What of the chat's settings changed since its previous reply: its system prompt
+    (by the hash that reply's receipt kept) and its model."""
+    previous = _previous_reply(reply)
+    if previous is None:
+        return ()
+    changed = []
+    kept = (previous.prefix_cache or {}).get("system")
+    if kept is not None and kept != system_hash(plan):
+        changed.append("system prompt")
+    if alias_of(previous.model) != alias_of(reply.model):
+        changed.append("model")
+    return tuple(changed)
+
+
+def _first_difference(reply: Message, plan, path: list[Message]) -> Divergence | None:
+    previous = _previous_reply(reply)
     if previous is None:
         return None
     system = next((seg for seg in plan.segments if seg.kind == "system"), None)
@@ -102,15 +138,22 @@ def shown_reason(reason: str, matched_tokens: int) -> str:
     return "full" if reason == "cold" and matched_tokens > 0 else reason
 
 
-def receipt(record, diverged: Divergence | None, block_size: int) -> dict | None:
+def receipt(record, diverged: Divergence | None, block_size: int, plan=None) -> dict | None:
     """The receipt stored with a reply, from the engine's record (None: not admitted), and
-    the turns its prompt left out, if any."""
+    the turns its prompt left out, if any. With the reply's `plan`, it keeps the name of
+    its system segment (system_hash)."""
     if record is None:
         return None
     out = {"reason": record.reason, "matched_tokens": record.matched_tokens,
            "tier_tokens": record.tier_tokens, "evicted_from": record.evicted_from}
+    if plan is not None:
+        out["system"] = system_hash(plan)
     if diverged is not None and diverged.cut is not None:
         out["history_cut"] = diverged.cut
+    if diverged is not None and diverged.changed:
+        out["changed"] = list(diverged.changed)
+        out["reason"] = shown_reason(record.reason, record.matched_tokens)
+        return out
     if record.reason == "full":
         return out
     if (diverged is not None and diverged.index is not None

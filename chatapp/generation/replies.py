@@ -24,6 +24,7 @@ from chatapp.chat import services as chat_services
 from chatapp.chat.models import Conversation, Message
 from chatapp.chat.payloads import message_dict
 from chatapp.generation import (
+    chat_sampling,
     dispatch,
     lifecycle,
     orphans,
@@ -34,7 +35,7 @@ from chatapp.generation import (
 )
 from chatapp.generation.embedded import aget_engine
 from chatapp.generation.events import publish
-from chatapp.generation.jobs import Generation, Job, Options, run_here
+from chatapp.generation.jobs import Generation, Job, run_here
 from chatapp.generation.runs import RUNS, ReplyRun
 from chatapp.prompts.services import builder_for, cache_salt_for
 
@@ -53,7 +54,8 @@ def hand_off(reply: Message) -> bool:
     then only listens). GenerationUnavailable, the reply marked failed, if the broker
     is down."""
     model = reply.conversation.model
-    if not dispatch.use_worker(max_new_tokens=settings.CHAT_MAX_NEW_TOKENS, model=model):
+    budget = chat_sampling.reply_max_new_tokens(reply.conversation)
+    if not dispatch.use_worker(max_new_tokens=budget, model=model):
         return False
     return dispatch.enqueue_reply(reply=reply, model=model) is not None
 
@@ -372,8 +374,7 @@ async def _generate(run: ReplyRun) -> dict:
     job = Job(
         prompt_ids=tuple(prepared.prompt_ids),
         cache_salt=prepared.plan.cache_salt,
-        options=Options(default_max_tokens=settings.CHAT_MAX_NEW_TOKENS,
-                        temperature=settings.CHAT_TEMPERATURE, top_p=settings.CHAT_TOP_P),
+        options=chat_sampling.reply_options(prepared.reply.conversation),
         request_id=run.request_id,
         model=model,
     )

@@ -236,7 +236,8 @@ class ReplyRun:
         if last is not None:
             fields.update(_usage(last))
         fields["prefix_cache"] = receipts.receipt(
-            getattr(last, "prefix_cache", None), prepared.diverged, self.builder.block_size)
+            getattr(last, "prefix_cache", None), prepared.diverged, self.builder.block_size,
+            prepared.plan)
         return fields
 
     def write_final(self, fields: dict) -> Message | None:

@@ -11,12 +11,15 @@ from django.shortcuts import redirect, render
 from django.templatetags.static import static
 from django.views.decorators.http import require_GET, require_POST
 
-from chatapp.chat import selectors, services
+from chatapp.chat import chat_settings, selectors, services
 from chatapp.chat.errors import ChatError, NotFound
 from chatapp.chat.models import Conversation
 from chatapp.chat.payloads import conversation_dict, message_dict
 from chatapp.generation import model_cards, orphans, replies, served_models
 from chatapp.prompts import catalog
+from chatapp.web import settings_panel
+
+USER_PRESET_PREFIX = "user:"
 
 
 def _conversation_or_404(request: HttpRequest, conversation_id: int):
@@ -61,6 +64,7 @@ def _page(request: HttpRequest, conversation=None) -> HttpResponse:
         "max_chars": settings.MAX_USER_MESSAGE_CHARS,
         "title_max_chars": Conversation.TITLE_MAX_CHARS,
     }
+    context.update(settings_panel.page_context(request.user, conversation))
     if conversation is not None:
         context["initial"] = _tree(conversation)
     return render(request, "chat/chat.html", context)
@@ -95,9 +99,13 @@ def conversation_messages(request: HttpRequest, conversation_id: int) -> JsonRes
 @login_required
 @require_POST
 def conversation_new(request: HttpRequest) -> HttpResponse:
+    preset_id = request.POST.get("preset_id") or None
+    # "user:<id>" in the picker: one of the user's personal presets (its settings, model).
+    own = preset_id.removeprefix(USER_PRESET_PREFIX) if preset_id and preset_id.startswith(
+        USER_PRESET_PREFIX) else None
     try:
-        conversation = services.conversation_create(
-            owner=request.user, preset_id=request.POST.get("preset_id") or None,
+        conversation = chat_settings.conversation_start(
+            owner=request.user, user_preset_id=own, preset_id=None if own else preset_id,
             model=model_cards.conversation_model(request.POST.get("model") or None),
         )
     except ChatError as exc:
