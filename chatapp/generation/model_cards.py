@@ -86,7 +86,8 @@ def conversation_model(name: object) -> str:
 
     value = served_models.conversation_model(name)
     if kind(value or None) == COMPLETION:
-        raise InvalidInput(f"The model {name!r} is a base model (its file has no chat "
+        alias = served_models.resolve(value or None).alias
+        raise InvalidInput(f"The model {alias!r} is a base model (its file has no chat "
                            "template): it serves text completions (/v1/completions), not "
                            "conversations.", code="model_not_chat")
     return value
