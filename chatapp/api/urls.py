@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from chatapp.api import (
     chat_settings_views,
+    feedback_views,
     schema,  # noqa: F401  (registers the Bearer scheme with drf-spectacular)
     views,
     web,
@@ -21,6 +22,8 @@ conversation_urls = [
     path("messages/<int:message_id>/continue/", views.MessageContinueView.as_view(),
          name="message-continue"),
     path("settings/", chat_settings_views.ConversationSettingsView.as_view(), name="settings"),
+    path("messages/<int:message_id>/feedback/", feedback_views.FeedbackView.as_view(),
+         name="message-feedback"),
     path("export/", views.ExportView.as_view(), name="export"),
     path("export/markdown/", views.ExportMarkdownView.as_view(), name="export-markdown"),
 ]

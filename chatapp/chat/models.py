@@ -226,6 +226,33 @@ class ConversationTag(models.Model):
         return self.name
 
 
+class Feedback(models.Model):
+    """A user's thumbs up or down on a reply, with an optional comment: one per user per
+    reply, changed in place. Operators read it per model and preset (the dashboard)."""
+
+    COMMENT_MAX_CHARS = 2000
+
+    class Rating(models.IntegerChoices):
+        DOWN = -1
+        UP = 1
+
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="feedback")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="chat_feedback")
+    rating = models.SmallIntegerField(choices=Rating.choices)
+    comment = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["message", "user"],
+                                               name="feedback_one_per_user")]
+
+    def __str__(self) -> str:
+        return f"{self.get_rating_display()} on #{self.message_id}"
+
+
 class UserPreset(models.Model):
     """A user's own preset: a system prompt and reply settings saved from the settings
     panel, for new chats. Only its owner sees it; operators' presets are files

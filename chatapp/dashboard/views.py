@@ -14,6 +14,7 @@ from django.template.response import TemplateResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods
 
+from chatapp.chat import feedback
 from chatapp.dashboard import exposition, health, selectors, services
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "data": data,
         "profile": profile,
         "profile_rows": profile.rows() if profile else [],
+        "feedback": feedback.summary_by_model_and_preset(),
     }
     return TemplateResponse(request, "dashboard/dashboard.html", context)
 

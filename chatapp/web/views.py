@@ -11,7 +11,7 @@ from django.shortcuts import redirect, render
 from django.templatetags.static import static
 from django.views.decorators.http import require_GET, require_POST
 
-from chatapp.chat import chat_settings, selectors, services
+from chatapp.chat import chat_settings, feedback, selectors, services
 from chatapp.chat.errors import ChatError, NotFound
 from chatapp.chat.models import Conversation
 from chatapp.chat.payloads import conversation_dict, message_dict
@@ -34,11 +34,14 @@ def _error_page(request: HttpRequest, error: ChatError) -> HttpResponse:
 
 
 def _tree(conversation) -> dict:
-    """The conversation and its whole message tree, as the page's script reads them."""
+    """The conversation and its whole message tree, as the page's script reads them, with
+    the owner's feedback on its replies (feedback.js)."""
     messages = orphans.as_read(selectors.conversation_messages(conversation=conversation),
                                conversation=conversation)
     return {"conversation": conversation_dict(conversation),
-            "messages": [message_dict(m) for m in messages]}
+            "messages": [message_dict(m) for m in messages],
+            "feedback": feedback.conversation_feedback(user=conversation.owner,
+                                                       conversation=conversation)}
 
 
 def _listing(request: HttpRequest) -> dict:

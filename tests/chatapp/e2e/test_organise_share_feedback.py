@@ -1,5 +1,5 @@
-"""The chat page's organisation in Chromium: pin, archive and restore, and the tag filter
-of the sidebar. One live server and one user for the module; replies are seeded, so
+"""The chat page's organisation and feedback in Chromium: pin, archive and restore, the
+sidebar's tag filter, thumbs and comments on a reply. One live server and one user for the module; replies are seeded, so
 nothing here waits for the model."""
 
 from __future__ import annotations
@@ -93,4 +93,28 @@ def test_pin_archive_restore_and_filter_by_tag(page, chat_server, user):
     page.click("#archive-conversation")
     page.wait_for_selector("#archive-conversation:text('Archive')")
     wait_for_list(page, "t.length === 2 && t[0] === 'Show me some HTML.'")
+    assert page.errors == []
+
+
+def test_thumbs_and_a_comment_on_a_reply_are_stored_and_shown_again(page, chat_server, user):
+    page.goto(f"{chat_server.url}/c/{user['conversation_id']}/")
+    wait_connected(page)
+    reply = page.locator("article.msg.assistant").first
+    reply.locator(".feedback-up").click()
+    reply.locator(".feedback-comment input").fill("Short and right.")
+    reply.locator(".feedback-comment button").click()
+    page.wait_for_function("() => !document.getElementById('notice').textContent")
+    # Changed to a thumbs down, the comment kept; the page shows it after a reload.
+    reply.locator(".feedback-down").click()
+    page.wait_for_selector('article.msg.assistant .feedback[data-rating="down"]')
+    page.reload()
+    wait_connected(page)
+    reply = page.locator("article.msg.assistant").first
+    assert reply.locator(".feedback-down").get_attribute("aria-pressed") == "true"
+    assert reply.locator(".feedback-up").get_attribute("aria-pressed") == "false"
+    assert reply.locator(".feedback-comment input").input_value() == "Short and right."
+    page.screenshot(path=str(ARTIFACTS / "chat-feedback.png"))
+    # Pressing the pressed thumb takes it back.
+    reply.locator(".feedback-down").click()
+    page.wait_for_selector('article.msg.assistant .feedback[data-rating=""]')
     assert page.errors == []

@@ -1,0 +1,121 @@
+// Thumbs up or down, with an optional comment, on each finished reply. chat.js draws the
+// messages (and draws them again on every change), so this adds its controls to each
+// reply's footer as it appears; the user's feedback lives in the API
+// (/api/conversations/<id>/messages/<id>/feedback/), the page's initial data carries it.
+(function () {
+  "use strict";
+
+  const messages = document.getElementById("messages");
+  const dataEl = document.getElementById("initial-data");
+  if (!messages || !dataEl || !window.fetch) return;
+  const initial = JSON.parse(dataEl.textContent);
+  const base = "/api/conversations/" + initial.conversation.id + "/messages/";
+  const given = initial.feedback || {}; // message id -> {rating, comment}
+  const RATED = ["done", "stopped", "interrupted"];
+  const noticeEl = document.getElementById("notice");
+
+  function csrfToken() {
+    const field = document.querySelector("input[name=csrfmiddlewaretoken]");
+    return field ? field.value : "";
+  }
+
+  function notice(text) {
+    if (!noticeEl) return;
+    noticeEl.textContent = text;
+    noticeEl.hidden = !text;
+  }
+
+  function send(id, method, body) {
+    return fetch(base + id + "/feedback/", {
+      method: method,
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
+      body: body ? JSON.stringify(body) : undefined,
+    }).then(function (r) {
+      if (r.status === 204) return null;
+      return r.json().catch(function () { return {}; }).then(function (data) {
+        if (!r.ok) {
+          const errors = data.errors ? Object.values(data.errors)[0] : null;
+          throw new Error(errors ? [].concat(errors).join(" ") : data.detail || "Feedback was not saved.");
+        }
+        return data;
+      });
+    });
+  }
+
+  function rate(id, rating, comment) {
+    const current = given[id];
+    // Pressing the thumb that is already pressed takes the feedback back.
+    const request = current && current.rating === rating && comment === undefined
+      ? send(id, "DELETE")
+      : send(id, "PUT", { rating: rating, comment: comment !== undefined ? comment : (current ? current.comment : "") });
+    request.then(function (saved) {
+      notice("");
+      if (saved) given[id] = saved; else delete given[id];
+      refresh();
+    }, function (err) { notice(err.message); });
+  }
+
+  function thumb(id, rating, label, symbol) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "link feedback-" + rating;
+    b.textContent = symbol;
+    b.title = label;
+    b.setAttribute("aria-label", label);
+    b.setAttribute("aria-pressed", given[id] && given[id].rating === rating ? "true" : "false");
+    b.addEventListener("click", function () { rate(id, rating); });
+    return b;
+  }
+
+  function controls(id) {
+    const box = document.createElement("span");
+    box.className = "feedback";
+    box.dataset.rating = given[id] ? given[id].rating : "";
+    box.append(thumb(id, "up", "Good reply", "👍"), thumb(id, "down", "Bad reply", "👎"));
+    return box;
+  }
+
+  // Once rated, a comment box: the comment is saved with the rating.
+  function commentForm(id) {
+    const form = document.createElement("form");
+    form.className = "feedback-comment";
+    const input = document.createElement("input");
+    input.type = "text";
+    input.maxLength = 2000;
+    input.placeholder = "Add a comment (optional)";
+    input.setAttribute("aria-label", "Feedback comment");
+    input.value = given[id].comment || "";
+    const save = document.createElement("button");
+    save.type = "submit";
+    save.className = "link";
+    save.textContent = "Save comment";
+    form.append(input, save);
+    form.addEventListener("submit", function (e) {
+      e.preventDefault();
+      rate(id, given[id].rating, input.value);
+    });
+    return form;
+  }
+
+  function decorate(article) {
+    const id = article.dataset.id;
+    const foot = article.querySelector(".msg-foot");
+    if (!foot || RATED.indexOf(article.dataset.status) < 0) return;
+    const rating = given[id] ? given[id].rating : "";
+    const old = foot.querySelector(".feedback");
+    if (old && old.dataset.rating === rating) return;
+    if (old) old.remove();
+    const oldForm = foot.querySelector(".feedback-comment");
+    if (oldForm) oldForm.remove();
+    foot.append(controls(id));
+    if (rating) foot.append(commentForm(id));
+  }
+
+  function refresh() {
+    messages.querySelectorAll("article.msg.assistant").forEach(decorate);
+  }
+
+  new MutationObserver(refresh).observe(messages, { childList: true, subtree: true, attributes: true, attributeFilter: ["data-status"] });
+  refresh();
+})();
