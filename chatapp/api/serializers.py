@@ -236,6 +236,10 @@ class PrefixCacheSerializer(serializers.Serializer):
                                            "differs from the previous turn's prompt.")
     diverged_message_id = serializers.IntegerField(required=False, allow_null=True)
     diverged_segment = serializers.CharField(required=False)
+    changed = serializers.ListField(
+        child=serializers.ChoiceField(choices=["system prompt", "model"]), required=False,
+        help_text="The chat's settings that changed since its previous reply: this prompt "
+                  "was built anew, so the cache was cold because of it.")
 
 
 class UsageSerializer(serializers.Serializer):

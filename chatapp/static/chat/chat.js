@@ -200,6 +200,8 @@
       text += ")";
     }
     if (r.tier_tokens) text += ", " + r.tier_tokens + " restored";
+    // The chat's settings changed since its previous reply: why this prompt was new.
+    if (r.changed && r.changed.length) text += " (" + r.changed.join(", ") + " changed)";
     const cut = r.history_cut;
     if (cut && cut.new) {
       text += " · history cut at turn " + cut.turns + ": " + cut.tokens.toLocaleString("en") +
