@@ -9,55 +9,34 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from asgiref.sync import sync_to_async
-from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from chatapp.api import response_store
-from chatapp.api.errors import OpenAIError, internal, invalid, rate_limited
-from chatapp.api.ratelimit import RateLimited, Slot, limiter
+from chatapp.api.errors import OpenAIError, internal, invalid
+from chatapp.api.ratelimit import Slot
 from chatapp.api.v1 import completions, responses
-from chatapp.api.v1.parsing import check_content_type, parse_json
-from chatapp.api.v1.response_params import parse_response_request
-from chatapp.api.v1.views import _authorize, _method_not_allowed
+from chatapp.api.v1.model_entries import require_chat_model
+from chatapp.api.v1.response_params import ResponseRequest, parse_response_request
+from chatapp.api.v1.views import authorize, method_not_allowed, serve_generation
 from chatapp.echo import quoted
 
 log = logging.getLogger(__name__)
 
 
+def _request(body: dict) -> ResponseRequest:
+    req = parse_response_request(body)
+    completions.check_model(req.model)
+    require_chat_model(req.model)  # a reply needs the model's chat template
+    return req
+
+
 @csrf_exempt
 async def create(request: HttpRequest) -> HttpResponse:
-    if request.method != "POST":
-        return _method_not_allowed("POST")
-    slot: Slot | None = None
-    try:
-        key = await _authorize(request)
-        check_content_type(request.content_type)
-        req = parse_response_request(parse_json(request.body))
-        completions.check_model(req.model)
-        try:
-            slot = limiter.acquire(key)
-        except RateLimited as exc:
-            raise rate_limited(exc) from None
-        run = await responses.open_response(key=key, request=req)
-        if req.stream:
-            response = StreamingHttpResponse(_sse(run, slot), content_type="text/event-stream")
-            response["Cache-Control"] = "no-cache"
-            response["X-Accel-Buffering"] = "no"  # proxies must not hold the stream back
-            slot = None  # the stream releases it
-            return response
-        return JsonResponse(await run.run())
-    except OpenAIError as exc:
-        return exc.response()
-    except RequestDataTooBig:
-        return OpenAIError(413, "The request body is too large.",
-                           code="request_too_large").response()
-    except Exception:
-        log.exception("response failed")
-        return internal().response()
-    finally:
-        if slot is not None:
-            slot.release()
+    return await serve_generation(
+        request, what="response", parse=_request,
+        open_run=lambda key, req: responses.open_response(key=key, request=req),
+        stream=_sse, finish=lambda run: run.run())
 
 
 def _event(kind: str, data: dict) -> bytes:
@@ -84,9 +63,9 @@ async def _sse(run: responses.ResponseRun, slot: Slot) -> AsyncIterator[bytes]:
 async def detail(request: HttpRequest, response_id: str) -> HttpResponse:
     """GET a stored response, or DELETE it: only the key user's; any other id is a 404."""
     if request.method not in ("GET", "DELETE"):
-        return _method_not_allowed("GET, DELETE")
+        return method_not_allowed("GET, DELETE")
     try:
-        key = await _authorize(request)
+        key = await authorize(request)
         for name in request.GET:  # streaming a stored response again is not kept
             raise invalid(f"Query parameter {quoted(name)} is not supported by this server.",
                           name[:64], "unsupported_parameter")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
@@ -24,13 +25,18 @@ from chatapp.api.models import ApiKey
 from chatapp.api.ratelimit import RateLimited, Slot, limiter
 from chatapp.api.v1 import completions
 from chatapp.api.v1.model_entries import entry, listing, require_chat_model
-from chatapp.api.v1.parsing import check_content_type, parse_completion_request, parse_json
+from chatapp.api.v1.parsing import (
+    CompletionRequest,
+    check_content_type,
+    parse_completion_request,
+    parse_json,
+)
 from chatapp.echo import quoted
 
 log = logging.getLogger(__name__)
 
 
-async def _authorize(request: HttpRequest) -> ApiKey:
+async def authorize(request: HttpRequest) -> ApiKey:
     """The request's key (401 otherwise), with one request counted against its limit."""
     try:
         key = await sync_to_async(key_for_header)(request.headers.get("Authorization"))
@@ -45,52 +51,74 @@ async def _authorize(request: HttpRequest) -> ApiKey:
     return key
 
 
-def _method_not_allowed(allowed: str) -> JsonResponse:
+def method_not_allowed(allowed: str) -> JsonResponse:
     resp = OpenAIError(405, f"Method not allowed; use {allowed}.", code="method_not_allowed")
     out = resp.response()
     out["Allow"] = allowed
     return out
 
 
-@csrf_exempt
-async def chat_completions(request: HttpRequest) -> HttpResponse:
+async def serve_generation(request: HttpRequest, *, what: str,
+                           parse: Callable[[dict], Any],
+                           open_run: Callable[[ApiKey, Any], Awaitable[Any]],
+                           stream: Callable[[Any, Slot], AsyncIterator[bytes]],
+                           finish: Callable[[Any], Awaitable[dict]]) -> HttpResponse:
+    """A generating POST of /v1, the one way each endpoint takes it: the key, the body
+    parse(d) into its request (which checks its model), one of the key's concurrency
+    slots, then open_run(key, request) and either its stream of server-sent events
+    (which releases the slot) or finish(run)'s JSON."""
     if request.method != "POST":
-        return _method_not_allowed("POST")
+        return method_not_allowed("POST")
     slot: Slot | None = None
     try:
-        key = await _authorize(request)
+        key = await authorize(request)
         check_content_type(request.content_type)
-        req = parse_completion_request(parse_json(request.body))
-        completions.check_model(req.model)
-        require_chat_model(req.model)
+        req = parse(parse_json(request.body))
         try:
             slot = limiter.acquire(key)
         except RateLimited as exc:
             raise rate_limited(exc) from None
-        completion = await completions.open_completion(key=key, req=req)
+        run = await open_run(key, req)
         if req.stream:
-            response = StreamingHttpResponse(
-                _sse(completion, slot), content_type="text/event-stream"
-            )
+            response = StreamingHttpResponse(stream(run, slot), content_type="text/event-stream")
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"  # proxies must not hold the stream back
             slot = None  # the stream releases it
             return response
-        async for out in completion.generation.outputs():
-            completion.check(out)
-        await completion.remember()
-        return JsonResponse(completion.completion_body())
+        return JsonResponse(await finish(run))
     except OpenAIError as exc:
         return exc.response()
     except RequestDataTooBig:
         too_big = OpenAIError(413, "The request body is too large.", code="request_too_large")
         return too_big.response()
     except Exception:
-        log.exception("chat completion failed")
+        log.exception("%s failed", what)
         return internal().response()
     finally:
         if slot is not None:
             slot.release()
+
+
+def _chat_request(body: dict) -> CompletionRequest:
+    req = parse_completion_request(body)
+    completions.check_model(req.model)
+    require_chat_model(req.model)
+    return req
+
+
+async def _whole_completion(completion: completions.Completion) -> dict:
+    async for out in completion.generation.outputs():
+        completion.check(out)
+    await completion.remember()
+    return completion.completion_body()
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    return await serve_generation(
+        request, what="chat completion", parse=_chat_request,
+        open_run=lambda key, req: completions.open_completion(key=key, req=req),
+        stream=sse, finish=_whole_completion)
 
 
 def _event(data: dict | str) -> bytes:
@@ -98,7 +126,7 @@ def _event(data: dict | str) -> bytes:
     return f"data: {text}\n\n".encode()
 
 
-async def _sse(completion: completions.Completion, slot: Slot) -> AsyncIterator[bytes]:
+async def sse(completion: completions.Completion, slot: Slot) -> AsyncIterator[bytes]:
     """The completion's chunks (Completion.stream_chunks) as events, `[DONE]` last."""
     try:
         # Closed with the response, so a client that goes aborts the generation now.
@@ -119,9 +147,9 @@ async def _sse(completion: completions.Completion, slot: Slot) -> AsyncIterator[
 async def models(request: HttpRequest, model: str | None = None) -> HttpResponse:
     """/v1/models, or one model's entry when the URL names it."""
     if request.method != "GET":
-        return _method_not_allowed("GET")
+        return method_not_allowed("GET")
     try:
-        await _authorize(request)
+        await authorize(request)
         if model is not None:
             completions.check_model(model)
     except OpenAIError as exc:

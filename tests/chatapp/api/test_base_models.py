@@ -78,6 +78,12 @@ def test_a_base_model_is_refused_on_chat_completions_saying_why(client):
     assert "chat template" in error["message"] and "/v1/completions" in error["message"]
 
 
+def test_a_base_model_is_refused_on_responses_too(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="base", input="Hi", max_output_tokens=16)
+    assert (err.value.body["param"], err.value.body["code"]) == ("model", "model_not_chat")
+
+
 def test_a_base_model_completes_text_and_scores_its_prompt(client):
     done = client.completions.create(model="base", prompt="Once upon a time", max_tokens=3,
                                      temperature=0, echo=True, logprobs=1)
