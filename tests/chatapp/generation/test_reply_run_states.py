@@ -312,6 +312,10 @@ class ReplyRunMachine(RuleBasedStateMachine):
         assert len(dones) == 1, f"{len(dones)} message.done for one reply: {events}"
         done = dones[0]
         assert done["message"]["status"] == row.status
+        # The reply starts at most once, and never after its end (a page would show an
+        # ended reply streaming again).
+        starts = [i for i, e in enumerate(events) if e["type"] == "message.started"]
+        assert len(starts) <= 1 and all(i < events.index(done) for i in starts), events
         deltas = [e for e in events if e["type"] == "message.delta"]
         assert [d["seq"] for d in deltas] == list(range(1, len(deltas) + 1))
         # A run that learnt the reply is another's says nothing more about it.
