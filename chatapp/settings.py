@@ -176,6 +176,8 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "chat:home"
 LOGOUT_REDIRECT_URL = "login"
 CHAT_ALLOW_SIGNUP = env_bool("CHAT_ALLOW_SIGNUP", True)
+# A shared conversation's link works for anyone who has it, unless this asks for a login.
+CHAT_SHARE_REQUIRES_LOGIN = env_bool("CHAT_SHARE_REQUIRES_LOGIN")
 # Opening a conversation brings its KV blocks back from the host/disk tier (LLM_KV_DIR,
 # LLM_KV_OFFLOAD_BYTES), at most this many blocks, ahead of its next message.
 CHAT_PREWARM = env_bool("CHAT_PREWARM", True)

@@ -7,6 +7,7 @@ from chatapp.api import (
     chat_settings_views,
     feedback_views,
     schema,  # noqa: F401  (registers the Bearer scheme with drf-spectacular)
+    share_views,
     views,
     web,
 )
@@ -24,6 +25,8 @@ conversation_urls = [
     path("settings/", chat_settings_views.ConversationSettingsView.as_view(), name="settings"),
     path("messages/<int:message_id>/feedback/", feedback_views.FeedbackView.as_view(),
          name="message-feedback"),
+    path("shares/", share_views.ShareListView.as_view(), name="shares"),
+    path("shares/<int:share_id>/", share_views.ShareDetailView.as_view(), name="share"),
     path("export/", views.ExportView.as_view(), name="export"),
     path("export/markdown/", views.ExportMarkdownView.as_view(), name="export-markdown"),
 ]

@@ -253,6 +253,31 @@ class Feedback(models.Model):
         return f"{self.get_rating_display()} on #{self.message_id}"
 
 
+class ConversationShare(models.Model):
+    """A read-only link to one branch of a conversation, as it was when shared: the
+    messages are copied (a snapshot), so later turns, edits and other branches never show.
+    The token is the link's only key (secrets.token_urlsafe); revoking ends it."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE,
+                                     related_name="shares")
+    token = models.CharField(max_length=64, unique=True)
+    title = models.CharField(max_length=Conversation.TITLE_MAX_CHARS, blank=True, default="")
+    # [{"role", "content", "created_at"}], root first: the branch at the time of sharing.
+    messages = models.JSONField(default=list)
+    leaf = models.ForeignKey(Message, null=True, blank=True, on_delete=models.SET_NULL,
+                             related_name="+")
+    # The owner's user name is shown only when they chose so.
+    show_owner = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"share of conversation {self.conversation_id}"
+
+
 class UserPreset(models.Model):
     """A user's own preset: a system prompt and reply settings saved from the settings
     panel, for new chats. Only its owner sees it; operators' presets are files

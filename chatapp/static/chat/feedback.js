@@ -72,6 +72,7 @@
     const box = document.createElement("span");
     box.className = "feedback";
     box.dataset.rating = given[id] ? given[id].rating : "";
+    box.dataset.comment = given[id] ? given[id].comment : "";
     box.append(thumb(id, "up", "Good reply", "👍"), thumb(id, "down", "Bad reply", "👎"));
     return box;
   }
@@ -103,8 +104,9 @@
     const foot = article.querySelector(".msg-foot");
     if (!foot || RATED.indexOf(article.dataset.status) < 0) return;
     const rating = given[id] ? given[id].rating : "";
+    const comment = given[id] ? given[id].comment : "";
     const old = foot.querySelector(".feedback");
-    if (old && old.dataset.rating === rating) return;
+    if (old && old.dataset.rating === rating && old.dataset.comment === comment) return;
     if (old) old.remove();
     const oldForm = foot.querySelector(".feedback-comment");
     if (oldForm) oldForm.remove();

@@ -1,5 +1,6 @@
 """The chat page's organisation and feedback in Chromium: pin, archive and restore, the
-sidebar's tag filter, thumbs and comments on a reply. One live server and one user for the module; replies are seeded, so
+sidebar's tag filter, thumbs and comments on a reply, a share link opened by a visitor and
+revoked. One live server and one user for the module; replies are seeded, so
 nothing here waits for the model."""
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def test_thumbs_and_a_comment_on_a_reply_are_stored_and_shown_again(page, chat_s
     reply.locator(".feedback-up").click()
     reply.locator(".feedback-comment input").fill("Short and right.")
     reply.locator(".feedback-comment button").click()
-    page.wait_for_function("() => !document.getElementById('notice').textContent")
+    page.wait_for_selector('article.msg.assistant .feedback[data-comment="Short and right."]')
     # Changed to a thumbs down, the comment kept; the page shows it after a reload.
     reply.locator(".feedback-down").click()
     page.wait_for_selector('article.msg.assistant .feedback[data-rating="down"]')
@@ -117,4 +118,31 @@ def test_thumbs_and_a_comment_on_a_reply_are_stored_and_shown_again(page, chat_s
     # Pressing the pressed thumb takes it back.
     reply.locator(".feedback-down").click()
     page.wait_for_selector('article.msg.assistant .feedback[data-rating=""]')
+    assert page.errors == []
+
+
+def test_a_share_link_opens_without_a_login_and_stops_when_revoked(page, browser, chat_server,
+                                                                    user):
+    page.goto(f"{chat_server.url}/c/{user['conversation_id']}/")
+    wait_connected(page)
+    page.click("#conversation-menu")
+    page.click("#share-create")
+    page.wait_for_selector("#share-link:not([hidden])")
+    link = page.input_value("#share-url")
+    assert "/s/" in link
+
+    # A visitor with no account reads the branch, without the owner's name.
+    visitor = browser.new_context(viewport={"width": 390, "height": 844})
+    try:
+        shared = visitor.new_page()
+        assert shared.goto(link).status == 200
+        assert "Paris is the capital of France." in shared.inner_text("#messages")
+        assert user["username"] not in shared.content()
+        shared.screenshot(path=str(ARTIFACTS / "chat-shared-page.png"))
+
+        page.click("#share-revoke")
+        page.wait_for_selector("#share-link", state="hidden")
+        assert shared.goto(link).status == 404
+    finally:
+        visitor.close()
     assert page.errors == []
