@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "chatapp.api",
     "chatapp.dashboard",
+    "chatapp.accounting",
     "django_celery_results",
 ]
 
@@ -202,6 +203,9 @@ CHAT_CONTEXT_TOKENS = int(os.environ.get("CHAT_CONTEXT_TOKENS", "0"))
 # that cut show it after the marker, in at most CHAT_HISTORY_SUMMARY_TOKENS (whole blocks).
 CHAT_HISTORY_SUMMARY = env_bool("CHAT_HISTORY_SUMMARY", False)
 CHAT_HISTORY_SUMMARY_TOKENS = int(os.environ.get("CHAT_HISTORY_SUMMARY_TOKENS", "256"))
+# After a conversation's first reply the model writes its title, from the cached prompt,
+# when the engine is idle or on a worker; a user's rename wins.
+CHAT_TITLES = env_bool("CHAT_TITLES", True)
 # A streamed reply goes out in batches of this many tokens (or after CHAT_STREAM_FLUSH_S).
 CHAT_STREAM_BATCH_TOKENS = int(os.environ.get("CHAT_STREAM_BATCH_TOKENS", "4"))
 CHAT_STREAM_FLUSH_S = float(os.environ.get("CHAT_STREAM_FLUSH_S", "0.1"))
@@ -309,6 +313,18 @@ REQUEST_BODY_TIMEOUT_S = float(os.environ.get("REQUEST_BODY_TIMEOUT_S", "30"))
 # Per API key (a key may override both): requests per minute, generations at once.
 API_RATE_LIMIT_RPM = int(os.environ.get("API_RATE_LIMIT_RPM", "120"))
 API_MAX_CONCURRENT = int(os.environ.get("API_MAX_CONCURRENT", "4"))
+# Limits shared by every process, in Redis (chatapp/accounting); docs/configuration.md.
+LIMITS_REDIS_URL = os.environ.get("LIMITS_REDIS_URL", REDIS_URL)
+LIMITS_REDIS_PREFIX = os.environ.get("LIMITS_REDIS_PREFIX", "limits")
+LIMITS_REDIS_TIMEOUT_S = float(os.environ.get("LIMITS_REDIS_TIMEOUT_S", "0.5"))
+LIMITS_SLOT_TTL_S = float(os.environ.get("LIMITS_SLOT_TTL_S", "60"))
+LIMITS_USER_RPM = int(os.environ.get("LIMITS_USER_RPM", "0"))
+LIMITS_USER_CONCURRENT = int(os.environ.get("LIMITS_USER_CONCURRENT", "0"))
+LIMITS_USER_TOKENS_PER_DAY = int(os.environ.get("LIMITS_USER_TOKENS_PER_DAY", "0"))
+LIMITS_USER_TOKENS_PER_MONTH = int(os.environ.get("LIMITS_USER_TOKENS_PER_MONTH", "0"))
+LIMITS_KEY_TOKENS_PER_DAY = int(os.environ.get("LIMITS_KEY_TOKENS_PER_DAY", "0"))
+LIMITS_KEY_TOKENS_PER_MONTH = int(os.environ.get("LIMITS_KEY_TOKENS_PER_MONTH", "0"))
+CHAT_CACHED_TOKEN_WEIGHT = float(os.environ.get("CHAT_CACHED_TOKEN_WEIGHT", "0.25"))
 # How long the ids generated for an API reply are remembered for splicing back (seconds).
 API_REMEMBER_IDS_TTL_S = int(os.environ.get("API_REMEMBER_IDS_TTL_S", "86400"))
 API_MAX_N = int(os.environ.get("API_MAX_N", "8"))

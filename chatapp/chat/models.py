@@ -304,3 +304,44 @@ class UserPreset(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class GeneratedTitle(models.Model):
+    """The title the model writes for a conversation after its first reply (CHAT_TITLES):
+    asked for once, generated once, as a continuation of the conversation's own cached
+    prompt. It replaces the title the conversation had when it was asked for (`replaces`,
+    named after the first message) unless the user renamed it meanwhile: then it is
+    dropped, since a user's rename always wins."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        READY = "ready"
+        DROPPED = "dropped"  # the user renamed the conversation first
+        FAILED = "failed"
+
+    conversation = models.OneToOneField(
+        Conversation, on_delete=models.CASCADE, related_name="generated_title"
+    )
+    # The first reply: its prompt and ids are the prefix the title's request extends.
+    reply = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="+")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    replaces = models.CharField(max_length=Conversation.TITLE_MAX_CHARS, blank=True, default="")
+    text = models.CharField(max_length=Conversation.TITLE_MAX_CHARS, blank=True, default="")
+    # What it cost: its prompt (mostly the cached conversation), how much of that the
+    # prefix cache served, and the tokens it wrote.
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    REQUEST_ID_PREFIX = "title-"
+
+    def __str__(self) -> str:
+        return f"title of conversation {self.conversation_id} ({self.status})"
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.REQUEST_ID_PREFIX}{self.pk}"

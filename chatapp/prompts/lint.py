@@ -37,9 +37,9 @@ from chatapp.prompts.history import (
     marker_text,
     summary_marker_text,
 )
+from chatapp.prompts.instructions import instruction_paths, render_instruction
 from chatapp.prompts.presets import is_frozen, parse_preset, presets_dir, read_variables
 from chatapp.prompts.services import PromptBuilder
-from chatapp.prompts.summaries import request_path, request_text
 from chatapp.prompts.templating import (
     CLOCK_NAMES,
     RANDOM_NAMES,
@@ -618,8 +618,7 @@ def lint_instruction(path: Path, source: str, *, tokenizer) -> LintResult:
     values = {name: 100 if name == "max_words" else f"<{name}>" for name in names}
     try:
         texts = _two_renders(source, "preset", lambda run: values)
-        if path.stem == request_path().stem:
-            request_text(100, source)
+        render_instruction(path.stem, source, **values)
     except Exception as exc:  # whatever it is, it is the template's fault
         result.add("render", f"fails in the production sandbox: {describe_jinja_error(exc)}")
         return result
@@ -642,7 +641,7 @@ def lint_instruction(path: Path, source: str, *, tokenizer) -> LintResult:
 def default_paths() -> list[Path]:
     """Every shipped preset, chat format, history marker and instruction."""
     return [*sorted(presets_dir().glob("*.jinja")), *sorted(formats_dir().glob("*.jinja")),
-            marker_path(), marker_path(SUMMARY_MARKER), request_path()]
+            marker_path(), marker_path(SUMMARY_MARKER), *instruction_paths()]
 
 
 def _expand(paths: Iterable[Path | str]) -> list[Path]:

@@ -10,15 +10,10 @@ that room. Asking, storing and dispatching belong to the chat service
 
 from __future__ import annotations
 
-import functools
-
-from jinja2 import TemplateError
-
-from chatapp.prompts.errors import PromptError
 from chatapp.prompts.history import summary_marker_text
-from chatapp.prompts.presets import setting, templates_dir
+from chatapp.prompts.instructions import instruction_path, render_instruction
+from chatapp.prompts.presets import setting
 from chatapp.prompts.services import PromptBuilder
-from chatapp.prompts.templating import parse_front_matter, sandbox_environment
 
 DEFAULT_SUMMARY_TOKENS = 256
 REQUEST = "summarise_history"
@@ -41,29 +36,12 @@ def summary_room(block_size: int) -> int:
 
 
 def request_path():
-    return templates_dir() / "instructions" / f"{REQUEST}.jinja"
-
-
-@functools.lru_cache(maxsize=8)
-def _render_request(source: str, max_words: int) -> str:
-    fm = parse_front_matter(source)
-    if fm.kind != "instruction" or fm.error:
-        raise PromptError(f"{request_path()}: missing or invalid '{{#- instruction ... #}}' "
-                          "front-matter")
-    try:
-        text = sandbox_environment("preset").from_string(source).render(max_words=max_words)
-    except TemplateError as exc:
-        raise PromptError(f"{request_path()}: {exc}") from exc
-    if not text.strip():
-        raise PromptError(f"{request_path()}: the request renders no text")
-    return text.strip()
+    return instruction_path(REQUEST)
 
 
 def request_text(max_words: int, source: str | None = None) -> str:
     """The user turn that asks for the summary, sent after the turns left out."""
-    if source is None:
-        source = request_path().read_text(encoding="utf-8")
-    return _render_request(source, int(max_words))
+    return render_instruction(REQUEST, source, max_words=int(max_words))
 
 
 def max_summary_tokens(builder: PromptBuilder, room: int) -> int:
