@@ -12,5 +12,6 @@ urlpatterns = [
     path("v1/", include("chatapp.api.v1.urls")),
     path("", include("chatapp.api.urls")),
     path("", include("chatapp.dashboard.urls")),
+    path("", include("chatapp.accounting.urls")),
     path("", include("chatapp.web.urls")),
 ]

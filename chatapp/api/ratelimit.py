@@ -1,7 +1,9 @@
 """Per-key rate limits: requests per minute (sliding window) and generations at once.
 
-The counters live in this process, like the embedded engine whose capacity they
-protect; with several server processes each one applies the limits on its own.
+Without Redis the counters live in this process, like the embedded engine whose
+capacity they protect; with several server processes each one applies the limits on
+its own. With REDIS_URL set, active_limiter() is chatapp.accounting.redis_limiter's,
+shared by every process, with per-user limits and token budgets besides.
 """
 
 from __future__ import annotations
@@ -80,6 +82,15 @@ class RateLimiter:
             self._running[key.pk] += 1
         return Slot(self, key.pk)
 
+    def hit_user(self, user) -> None:
+        """The chat page is not limited without Redis."""
+
+    def acquire_user(self, user) -> None:
+        return None
+
+    def spend(self, *, key, user, tokens: float) -> None:
+        """Token budgets need Redis: nothing to count here."""
+
     def _release(self, key_id: int) -> None:
         with self._lock:
             self._running[key_id] = max(0, self._running[key_id] - 1)
@@ -91,3 +102,13 @@ class RateLimiter:
 
 
 limiter = RateLimiter()
+
+
+def active_limiter():
+    """The Redis limiter when REDIS_URL (or LIMITS_REDIS_URL) is set, else this process's."""
+    url = getattr(settings, "LIMITS_REDIS_URL", "")
+    if not url:
+        return limiter
+    from chatapp.accounting import redis_limiter
+
+    return redis_limiter.for_url(url)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from rest_framework.throttling import BaseThrottle
 
 from chatapp.api.models import ApiKey
-from chatapp.api.ratelimit import RateLimited, limiter
+from chatapp.api.ratelimit import RateLimited, active_limiter
 
 
 class ApiKeyRateThrottle(BaseThrottle):
@@ -16,7 +16,7 @@ class ApiKeyRateThrottle(BaseThrottle):
         if not isinstance(request.auth, ApiKey):
             return True
         try:
-            limiter.hit(request.auth)
+            active_limiter().hit(request.auth)
         except RateLimited as exc:
             self._wait = exc.retry_after
             return False

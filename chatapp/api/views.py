@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 from chatapp.api import conversations
 from chatapp.api.models import ApiKey
 from chatapp.api.pagination import Pagination
-from chatapp.api.ratelimit import limiter
+from chatapp.api.ratelimit import active_limiter
 from chatapp.api.serializers import (
     ConversationCreateSerializer,
     ConversationFilterSerializer,
@@ -204,7 +204,7 @@ def _run_turn(request: Request, conversation, make, *, stream: bool):
 def _slot(request: Request):
     """A generation slot for a key (browser sessions are not limited); RateLimited is a
     429 from the exception handler."""
-    return limiter.acquire(request.auth) if isinstance(request.auth, ApiKey) else None
+    return active_limiter().acquire(request.auth) if isinstance(request.auth, ApiKey) else None
 
 
 def _generate(conversation, reply: Message, first: dict, slot, *, stream: bool):

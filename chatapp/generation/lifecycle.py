@@ -145,7 +145,22 @@ def reply_finish(
     reply.error = error
     reply.prefix_cache = prefix_cache
     reply.save()
+    _account(reply)
     return reply
+
+
+def _account(reply: Message) -> None:
+    """Count a chat reply's usage once, as it ends (the chat page and /api have no key)."""
+    from chatapp.accounting.services import ReplyUsage, reply_record
+
+    reply_record(
+        user=reply.conversation.owner, key=None,
+        model=reply.model or reply.conversation.model,
+        usage=ReplyUsage(prompt_tokens=reply.prompt_tokens or 0,
+                         cached_tokens=reply.cached_tokens or 0,
+                         completion_tokens=reply.completion_tokens or 0),
+        error=reply.status == Message.Status.ERROR,
+    )
 
 
 def reply_finish_held(*, reply_id: int, lease: str = "", runner: str = "",

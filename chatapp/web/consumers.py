@@ -50,6 +50,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from chatapp.api import json_body
+from chatapp.api.ratelimit import RateLimited, active_limiter
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, InvalidInput, NotFound
 from chatapp.chat.payloads import conversation_dict, message_dict
@@ -148,7 +149,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             if kind in self.CHANGES:
                 # A reply whose process died must not hold the conversation busy.
                 await database_sync_to_async(orphans.recover)(conversation=self.conversation)
+            if kind in self.GENERATES:
+                await database_sync_to_async(active_limiter().hit_user)(self.scope["user"])
             await handler(self, data)
+        except RateLimited as exc:
+            await self.send_error("rate_limited", f"{exc.message} Try again in "
+                                  f"{exc.retry_after} s.", kind)
         except ChatError as exc:
             await self.send_error(exc.code, exc.message, kind)
         except Exception:
@@ -210,6 +216,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "pong"})
 
     CHANGES = ("send", "edit", "regenerate", "continue", "stop")
+    # Those that start a reply: counted against the user's limits and token budgets.
+    GENERATES = ("send", "edit", "regenerate", "continue")
     HANDLERS = {
         "send": on_send,
         "edit": on_edit,

@@ -22,7 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 from chatapp.api.authentication import InvalidKey, MissingKey, key_for_header
 from chatapp.api.errors import OpenAIError, internal, rate_limited
 from chatapp.api.models import ApiKey
-from chatapp.api.ratelimit import RateLimited, Slot, limiter
+from chatapp.api.ratelimit import RateLimited, Slot, active_limiter
 from chatapp.api.v1 import completions
 from chatapp.api.v1.model_entries import entry, listing, require_chat_model
 from chatapp.api.v1.parsing import (
@@ -31,6 +31,7 @@ from chatapp.api.v1.parsing import (
     parse_completion_request,
     parse_json,
 )
+from chatapp.api.v1.usage import accounted, record_usage
 from chatapp.echo import quoted
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ async def authorize(request: HttpRequest) -> ApiKey:
     except InvalidKey as exc:
         raise OpenAIError(401, str(exc), code="invalid_api_key") from None
     try:
-        limiter.hit(key)
+        # In a thread: the Redis limiter reads the key's user and their limits.
+        await sync_to_async(active_limiter().hit)(key)
     except RateLimited as exc:
         raise rate_limited(exc) from None
     return key
@@ -70,33 +72,42 @@ async def serve_generation(request: HttpRequest, *, what: str,
     if request.method != "POST":
         return method_not_allowed("POST")
     slot: Slot | None = None
+    key = req = run = None
+    failed = False
     try:
         key = await authorize(request)
         check_content_type(request.content_type)
         req = parse(parse_json(request.body))
         try:
-            slot = limiter.acquire(key)
+            slot = await sync_to_async(active_limiter().acquire)(key)
         except RateLimited as exc:
             raise rate_limited(exc) from None
         run = await open_run(key, req)
         if req.stream:
-            response = StreamingHttpResponse(stream(run, slot), content_type="text/event-stream")
+            events = accounted(stream(run, slot), run=run, key=key, model=req.model)
+            run = None  # the stream records its usage
+            response = StreamingHttpResponse(events, content_type="text/event-stream")
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"  # proxies must not hold the stream back
             slot = None  # the stream releases it
             return response
         return JsonResponse(await finish(run))
     except OpenAIError as exc:
+        failed = True
         return exc.response()
     except RequestDataTooBig:
         too_big = OpenAIError(413, "The request body is too large.", code="request_too_large")
         return too_big.response()
     except Exception:
+        failed = True
         log.exception("%s failed", what)
         return internal().response()
     finally:
         if slot is not None:
             slot.release()
+        if slot is not None or run is not None:
+            # A reply was admitted (it held a slot): it counts, finished or failed.
+            await record_usage(run=run, key=key, model=req.model, error=failed)
 
 
 def _chat_request(body: dict) -> CompletionRequest:
