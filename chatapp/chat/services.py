@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from chatapp.chat import selectors
 from chatapp.chat.errors import Busy, InvalidInput, sentence
-from chatapp.chat.models import Conversation, ConversationTag, Message
+from chatapp.chat.models import Conversation, ConversationTag, GeneratedTitle, Message
 from chatapp.prompts import catalog
 from chatapp.prompts.encoding import check_text
 from chatapp.prompts.errors import EmptyMessage, MessageTooLong, PromptError
@@ -94,6 +94,11 @@ def conversation_create(
 def conversation_rename(*, conversation: Conversation, title: object) -> Conversation:
     conversation.title = validate_title(title)
     conversation.save(update_fields=["title", "updated_at"])
+    # A user's rename wins over a title the model has yet to write.
+    GeneratedTitle.objects.filter(
+        conversation=conversation,
+        status__in=(GeneratedTitle.Status.PENDING, GeneratedTitle.Status.RUNNING),
+    ).update(status=GeneratedTitle.Status.DROPPED)
     return conversation
 
 
@@ -208,10 +213,15 @@ def _usable_parent(parent: Message | None) -> Message | None:
     return parent
 
 
+def auto_title(content: str) -> str:
+    """The title a conversation takes from its first message until it has a better one."""
+    line = " ".join(content.split())
+    return line[:TITLE_CHARS] + ("…" if len(line) > TITLE_CHARS else "")
+
+
 def _auto_title(conversation: Conversation, content: str) -> None:
     if not conversation.title:
-        line = " ".join(content.split())
-        conversation.title = line[:TITLE_CHARS] + ("…" if len(line) > TITLE_CHARS else "")
+        conversation.title = auto_title(content)
 
 
 def _pending_reply(conversation: Conversation, parent_id: int) -> Message:

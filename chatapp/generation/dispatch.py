@@ -68,6 +68,7 @@ def use_worker(*, max_new_tokens: int, model: str = "") -> bool:
 REPLY_TASK = "chatapp.generation.generate_reply"
 COMPLETION_TASK = "chatapp.generation.generate_completion"
 SUMMARY_TASK = "chatapp.generation.generate_summary"
+TITLE_TASK = "chatapp.generation.generate_title"
 
 
 def enqueue_reply(*, reply: Message, model: str = "") -> str | None:
@@ -110,19 +111,36 @@ def enqueue_completion(*, job: dict, channel: str, queue: str) -> None:
 
 
 def enqueue_summary(*, summary_id: int, max_tokens: int, preferred: str, model: str = "") -> bool:
-    """Queue the generation of history summary `summary_id` (at most `max_tokens`) for a
-    worker when the rule says so, preferring `preferred`, the engine that served the turn
-    that made the cut (it holds the turns to summarise); False: it runs here. A broker
-    that is down leaves it to run here too: a summary is never worth an error."""
+    """Queue the generation of history summary `summary_id` (at most `max_tokens`),
+    preferring `preferred`, the engine that served the turn that made the cut (it holds
+    the turns to summarise); False: it runs here (enqueue_background)."""
+    return enqueue_background(SUMMARY_TASK, summary_id, what="history summary",
+                              max_tokens=max_tokens, preferred=preferred, model=model)
+
+
+def enqueue_title(*, title_id: int, max_tokens: int, preferred: str, model: str = "") -> bool:
+    """Queue the generation of conversation title `title_id`, preferring `preferred`, the
+    engine that served the first reply (it holds the prompt the title extends); False: it
+    runs here (enqueue_background)."""
+    return enqueue_background(TITLE_TASK, title_id, what="conversation title",
+                              max_tokens=max_tokens, preferred=preferred, model=model)
+
+
+def enqueue_background(task: str, object_id: int, *, what: str, max_tokens: int,
+                       preferred: str, model: str = "") -> bool:
+    """Queue background generation `task` for row `object_id` on a worker when the rule
+    says so (at most `max_tokens`), preferring the worker `preferred`; False: it runs here.
+    A broker that is down leaves it to run here too: background work is never worth an
+    error."""
     if not use_worker(max_new_tokens=max_tokens, model=model):
         return False
     queue = router.queue_for(preferred=preferred if registry.available() else "", model=model)
     if queue is None:
         return False
     try:
-        celery_app.send_task(SUMMARY_TASK, (summary_id,), queue=queue, retry=True)
+        celery_app.send_task(task, (object_id,), queue=queue, retry=True)
     except OperationalError:
-        log.warning("Queueing history summary %s failed; generating it here", summary_id,
+        log.warning("Queueing %s %s failed; generating it here", what, object_id,
                     exc_info=True)
         return False
     return True

@@ -142,10 +142,20 @@ def build_summary_prompt(*, tokenizer, conversation, left_out: list, request: st
     leaves out): the conversation's own prompt up to that message (cut as its turns were,
     with an earlier cut's summary, so mostly blocks the prefix cache still holds), then
     `request` as a user turn. PromptFailure when it cannot be built."""
+    return build_request_prompt(tokenizer=tokenizer, conversation=conversation,
+                                history=left_out, request=request, what="The summary's")
+
+
+def build_request_prompt(*, tokenizer, conversation, history: list, request: str,
+                         what: str) -> PromptPlan:
+    """The conversation's own prompt through `history` (root .. a stored message), then
+    `request` as a user turn: a request the service sends for itself (a summary, a
+    title), served from the prefix cache but for the request. PromptFailure (`what`
+    prompt failed) when it cannot be built."""
     try:
-        return _build(builder_for(tokenizer), conversation, left_out, request)
+        return _build(builder_for(tokenizer), conversation, history, request)
     except PromptError as exc:
-        raise PromptFailure(sentence(str(exc), "The summary's prompt failed.")) from exc
+        raise PromptFailure(sentence(str(exc), f"{what} prompt failed.")) from exc
 
 
 def check_new_message(*, conversation, content: object) -> None:

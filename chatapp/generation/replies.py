@@ -32,6 +32,7 @@ from chatapp.generation import (
     receipts,
     served_models,
     summaries,
+    titles,
 )
 from chatapp.generation.embedded import aget_engine
 from chatapp.generation.events import publish
@@ -401,4 +402,5 @@ async def _generate(run: ReplyRun) -> dict:
         except Exception:
             log.warning("Starting history summary %s failed", prepared.summary_id,
                         exc_info=True)
+    await titles.after_reply(reply_id, detached=not run.lease)
     return final

@@ -12,7 +12,6 @@ alone; from the first prompt built after, they show its stored ids after the mar
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import timedelta
 
@@ -22,9 +21,9 @@ from django.utils import timezone
 
 from chatapp.chat import selectors
 from chatapp.chat.models import HistorySummary, Message
-from chatapp.generation import dispatch, prompting
+from chatapp.generation import background, dispatch, prompting
 from chatapp.generation.embedded import aget_engine
-from chatapp.generation.jobs import Generation, Job, Options, run_here
+from chatapp.generation.jobs import Job, Options
 from chatapp.prompts.services import builder_for, cache_salt_for
 from chatapp.prompts.summaries import (
     max_summary_tokens,
@@ -37,13 +36,6 @@ from chatapp.prompts.summaries import (
 log = logging.getLogger(__name__)
 
 Status = HistorySummary.Status
-# How long a summary waits for the embedded engine to be idle before it runs anyway (a
-# server that is never idle still gets its summaries), and how often it looks.
-IDLE_WAIT_S = 30.0
-IDLE_POLL_S = 0.1
-
-_tasks: set[asyncio.Task] = set()  # summaries generating here (the loop keeps weak refs)
-
 
 class SummaryFailed(Exception):
     """A summary that cannot be made; the marker alone stands for its cut."""
@@ -72,45 +64,23 @@ def ask(*, conversation, plan, path: list[Message]) -> int | None:
 
 async def start(summary_id: int, *, reply_id: int, detached: bool = True) -> None:
     """Generate summary `summary_id`, asked for by reply `reply_id`'s cut: on a worker when
-    dispatch says so, else here once the engine is idle, in a task of its own
-    (`detached`: the web process) or before returning (a worker's task, whose event loop
-    ends with it)."""
-    queued = await database_sync_to_async(_enqueue)(summary_id, reply_id)
-    if queued:
-        return
-    if detached:
-        task = asyncio.create_task(_when_idle(summary_id))
-        _tasks.add(task)
-        task.add_done_callback(_tasks.discard)
-    else:
-        await _when_idle(summary_id)
+    dispatch says so, else here once the engine is idle (chatapp.generation.background)."""
+    queued, model = await database_sync_to_async(_enqueue)(summary_id, reply_id)
+    if not queued:
+        await background.run_when_idle(lambda: generate(summary_id), model=model,
+                                       detached=detached)
 
 
-async def settled() -> None:
-    """Until this process generates no summary (shutdown; tests)."""
-    while _tasks:
-        await asyncio.gather(*list(_tasks), return_exceptions=True)
+# Tests and shutdown wait for every background generation, summaries among them.
+settled = background.settled
 
 
-def _enqueue(summary_id: int, reply_id: int) -> bool:
+def _enqueue(summary_id: int, reply_id: int) -> tuple[bool, str]:
     reply = Message.objects.select_related("conversation").get(pk=reply_id)
     model = reply.conversation.model
     tokens = prompting.context_limit(model).summary_tokens
     return dispatch.enqueue_summary(summary_id=summary_id, max_tokens=tokens,
-                                    preferred=reply.served_by, model=model)
-
-
-async def _when_idle(summary_id: int) -> str:
-    model = await database_sync_to_async(_model_of)(summary_id)
-    engine = await aget_engine(model)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + IDLE_WAIT_S
-    while loop.time() < deadline:
-        figures = engine.metrics()
-        if not figures.get("num_running") and not figures.get("num_waiting"):
-            break
-        await asyncio.sleep(IDLE_POLL_S)
-    return await generate(summary_id)
+                                    preferred=reply.served_by, model=model), model
 
 
 def _model_of(summary_id: int) -> str:
@@ -127,9 +97,7 @@ async def generate(summary_id: int) -> str:
         model = await database_sync_to_async(_model_of)(summary_id)
         engine = await aget_engine(model)
         job, room = await database_sync_to_async(_job)(summary_id, engine.tokenizer)
-        generation = Generation(job, run_here)
-        async for _ in generation.outputs():
-            pass
+        generation = await background.generate_here(job)
         choice = generation.choices[0]
         if choice.engine_reason not in ("stop", "length"):
             raise SummaryFailed(choice.error or f"the generation ended: {choice.engine_reason}")

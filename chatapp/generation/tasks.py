@@ -6,7 +6,7 @@ from celery import shared_task
 from django.conf import settings
 
 from chatapp.generation import worker
-from chatapp.generation.dispatch import COMPLETION_TASK, REPLY_TASK, SUMMARY_TASK
+from chatapp.generation.dispatch import COMPLETION_TASK, REPLY_TASK, SUMMARY_TASK, TITLE_TASK
 from chatapp.generation.lifecycle import Claim
 
 
@@ -39,3 +39,10 @@ def generate_summary(self, summary_id: int) -> dict:
     """Generate the pending history summary `summary_id`; idempotent by id (a copy finds it
     taken or done and changes nothing)."""
     return worker.summarise(summary_id, holder=worker.worker_name(self.request.hostname))
+
+
+@shared_task(bind=True, name=TITLE_TASK, acks_late=True, reject_on_worker_lost=True)
+def generate_title(self, title_id: int) -> dict:
+    """Generate the pending conversation title `title_id`; idempotent by id (a copy finds
+    it taken or done and changes nothing)."""
+    return worker.write_title(title_id, holder=worker.worker_name(self.request.hostname))

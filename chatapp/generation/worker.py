@@ -17,7 +17,7 @@ from celery.signals import celeryd_after_setup, worker_process_init, worker_proc
 from django.conf import settings
 from django.db import close_old_connections
 
-from chatapp.generation import registry, remote, replies, served_models, summaries
+from chatapp.generation import registry, remote, replies, served_models, summaries, titles
 from chatapp.generation.embedded import get_engine, loaded_engine
 from chatapp.generation.jobs import Job
 from chatapp.generation.lifecycle import Claim, reply_claim
@@ -128,6 +128,13 @@ def summarise(summary_id: int, *, holder: str) -> dict:
     with _busy():
         status = asyncio.run(summaries.generate(summary_id))
     return {"summary_id": summary_id, "outcome": status, "worker": holder}
+
+
+def write_title(title_id: int, *, holder: str) -> dict:
+    """Run the task for conversation title `title_id`: {"outcome": its status after}."""
+    with _busy():
+        status = asyncio.run(titles.generate(title_id))
+    return {"title_id": title_id, "outcome": status, "worker": holder}
 
 
 @contextlib.contextmanager
