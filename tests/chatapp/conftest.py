@@ -3,6 +3,13 @@
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def no_model_titles(settings):
+    """Titles the model writes are off unless a test turns them on: they rename the
+    conversations other tests look for, and would run on after a test's reply."""
+    settings.CHAT_TITLES = False
+
+
 @pytest.fixture
 def alice(django_user_model):
     return django_user_model.objects.create_user("alice", password="alice-pass-123")

@@ -55,9 +55,11 @@ def test_a_summary_marker_takes_the_summary_alone(tokenizer, tmp_path):
     assert any(p.code == "clock" for p in result.problems), result.render_text()
 
 
-def test_the_summary_request_is_linted_as_an_instruction(tokenizer, tmp_path):
-    (request,) = [r for r in lint.lint_paths(tokenizer=tokenizer) if r.kind == "instruction"]
-    assert request.ok and request.name == "summarise_history", request.render_text()
+def test_the_summary_and_title_requests_are_linted_as_instructions(tokenizer, tmp_path):
+    requests = {r.name: r for r in lint.lint_paths(tokenizer=tokenizer) if r.kind == "instruction"}
+    assert set(requests) == {"summarise_history", "title_conversation"}
+    for request in requests.values():
+        assert request.ok, request.render_text()
     path = tmp_path / "instructions" / "summarise_history.jinja"
     path.parent.mkdir()
     path.write_text('{#- instruction\ntitle = "t"\n[variables]\nmax_words = 1\n-#}\n'
