@@ -509,6 +509,14 @@
       const link = document.querySelector('[data-conversation-id="' + conversationId + '"]');
       if (link) link.textContent = title;
     },
+    // The title the model wrote after the first reply (dropped server-side if renamed).
+    "conversation.title": function (e) {
+      $title.textContent = e.title;
+      document.title = e.title + " · PrefixChat";
+      const link = document.querySelector('[data-conversation-id="' + conversationId + '"]');
+      const label = link && (link.querySelector(".title") || link);
+      if (label) label.textContent = e.title;
+    },
     error: function (e) { notice(e.message); },
     pong: function () {},
   };
