@@ -16,6 +16,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from chatapp.chat import feedback
 from chatapp.dashboard import exposition, health, selectors, services
+from chatapp.dashboard.title_costs import title_costs
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "profile": profile,
         "profile_rows": profile.rows() if profile else [],
         "feedback": feedback.summary_by_model_and_preset(),
+        "titles": title_costs(),
     }
     return TemplateResponse(request, "dashboard/dashboard.html", context)
 
