@@ -205,6 +205,8 @@ def cluster_env(broker_url: str, layer_url: str, shared_queue: str) -> dict:
         "DJANGO_SECRET_KEY": settings.SECRET_KEY,
         "CHAT_TEMPERATURE": "0",
         "CHAT_MAX_NEW_TOKENS": "48",
+        # Titles would be extra tasks after each first reply; a test turns them on.
+        "CHAT_TITLES": "0",
         "CHAT_STREAM_BATCH_TOKENS": "4",
         # Every chat reply is "long": the web process never generates (nor loads a model).
         "CELERY_REPLY_MIN_TOKENS": "1",
