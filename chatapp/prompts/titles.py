@@ -35,15 +35,17 @@ def request_text(max_words: int = MAX_WORDS) -> str:
     return render_instruction(REQUEST, max_words=int(max_words))
 
 
-def title_from(text: str, max_chars: int) -> str:
+def title_from(text: str, max_chars: int, max_words: int = MAX_WORDS + 2) -> str:
     """The title in what the model wrote: its first non-blank line, without quotes, a
-    "Title:" label or a closing full stop, whitespace collapsed, at most `max_chars`
-    characters (cut at a word where it can); "" when nothing is left."""
+    "Title:" label or a closing full stop, whitespace collapsed, at most `max_words` words
+    (a small model writes on past the words it was asked for) and `max_chars` characters
+    (cut at a word where it can); "" when nothing is left."""
     # A NUL or a lone surrogate (random ids can decode to them) is no text to keep.
     text = text.replace("\x00", "").encode("utf-8", "ignore").decode("utf-8")
     line = next((ln for ln in text.splitlines() if ln.strip()), "")
     line = re.sub(r"^\s*title\s*:\s*", "", line, flags=re.IGNORECASE)
-    line = " ".join(line.split()).strip(_QUOTES + " ").rstrip(".").strip(_QUOTES + " ")
+    line = " ".join(line.split()[:max_words])
+    line = line.strip(_QUOTES + " ").rstrip(".,;:").strip(_QUOTES + " ")
     line = "".join(ch for ch in line if ch.isprintable())
     if len(line) > max_chars:
         cut = line[:max_chars]

@@ -457,6 +457,15 @@
     if (!resyncTimer) resyncTimer = setTimeout(function () { resyncTimer = 0; resync(); }, 1000);
   }
 
+  function showTitle(title) {
+    $title.textContent = title;
+    document.title = title + " · PrefixChat";
+    // The list entry's label only: its pin mark and tags stay.
+    const link = document.querySelector('[data-conversation-id="' + conversationId + '"]');
+    const label = link && (link.querySelector(".title") || link);
+    if (label) label.textContent = title;
+  }
+
   const handlers = {
     // A reply may have ended between this page's load and its socket's opening.
     hello: function () { if (retry > 0 || activeReplies().length) resync(); retry = 0; },
@@ -502,21 +511,9 @@
       messages.set(e.message.id, e.message);
       render();
     },
-    "conversation.updated": function (e) {
-      const title = e.conversation.title || "New conversation";
-      $title.textContent = title;
-      document.title = title + " · PrefixChat";
-      const link = document.querySelector('[data-conversation-id="' + conversationId + '"]');
-      if (link) link.textContent = title;
-    },
+    "conversation.updated": function (e) { showTitle(e.conversation.title || "New conversation"); },
     // The title the model wrote after the first reply (dropped server-side if renamed).
-    "conversation.title": function (e) {
-      $title.textContent = e.title;
-      document.title = e.title + " · PrefixChat";
-      const link = document.querySelector('[data-conversation-id="' + conversationId + '"]');
-      const label = link && (link.querySelector(".title") || link);
-      if (label) label.textContent = e.title;
-    },
+    "conversation.title": function (e) { showTitle(e.title); },
     error: function (e) { notice(e.message); },
     pong: function () {},
   };
