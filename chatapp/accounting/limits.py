@@ -1,7 +1,7 @@
 """The limits that apply to a key and to its user: their own where set, else the settings.
 
 -1 means "no limit" below; the key's rpm and concurrency keep their meaning from
-chatapp.api.ratelimit (0 refuses every request).
+chatapp.accounting.ratelimit (0 refuses every request).
 """
 
 from __future__ import annotations

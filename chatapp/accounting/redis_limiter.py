@@ -24,7 +24,7 @@ import redis
 from django.conf import settings
 
 from chatapp.accounting import limits
-from chatapp.api.ratelimit import RateLimited
+from chatapp.accounting.ratelimit import RateLimited
 
 log = logging.getLogger(__name__)
 

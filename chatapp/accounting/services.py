@@ -56,7 +56,7 @@ def usage_add(*, user_id: int, key_id: int | None, model: str, usage: ReplyUsage
 def reply_record(*, user, key, model: str, usage: ReplyUsage, error: bool = False) -> None:
     """A reply has finished: count it per day in the database and its weighted tokens
     against the budgets of its user and key. Accounting never fails a reply."""
-    from chatapp.api.ratelimit import active_limiter
+    from chatapp.accounting.ratelimit import active_limiter
 
     try:
         usage_add(user_id=user.pk, key_id=key.pk if key is not None else None, model=model,

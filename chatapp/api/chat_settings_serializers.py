@@ -11,7 +11,7 @@ from rest_framework import serializers
 from chatapp.chat import chat_settings
 from chatapp.chat.errors import InvalidInput
 from chatapp.chat.models import UserPreset
-from chatapp.generation import served_models
+from chatapp.generation import model_cards, served_models
 
 
 class _RuleField(serializers.Field):
@@ -50,7 +50,8 @@ class TemperatureField(_RuleField):
     rule = staticmethod(chat_settings.validate_temperature)
 
 
-@extend_schema_field({"type": "number", "nullable": True, "exclusiveMinimum": 0, "maximum": 1})
+@extend_schema_field({"type": "number", "nullable": True, "minimum": 0, "exclusiveMinimum": True,
+                      "maximum": 1})
 class TopPField(_RuleField):
     rule = staticmethod(chat_settings.validate_top_p)
 
@@ -64,7 +65,8 @@ class MaxNewTokensField(_RuleField):
 @extend_schema_field({"type": "string", "nullable": True,
                       "description": "A /v1/models id; blank or null: the default."})
 class ModelField(_RuleField):
-    rule = staticmethod(chat_settings.validate_model)
+    # Checked here, at the edge: the chat app stores what the model catalog gives.
+    rule = staticmethod(model_cards.conversation_model)
 
 
 class SettingsInputSerializer(serializers.Serializer):

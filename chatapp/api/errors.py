@@ -15,8 +15,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from chatapp.accounting.ratelimit import RateLimited
 from chatapp.api.json_body import RequestTooLarge
-from chatapp.api.ratelimit import RateLimited
 from chatapp.chat.errors import ChatError
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from rest_framework.throttling import BaseThrottle
 
+from chatapp.accounting.ratelimit import RateLimited, active_limiter
 from chatapp.api.models import ApiKey
-from chatapp.api.ratelimit import RateLimited, active_limiter
 
 
 class ApiKeyRateThrottle(BaseThrottle):

@@ -22,10 +22,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from chatapp.accounting.ratelimit import active_limiter
 from chatapp.api import conversations
 from chatapp.api.models import ApiKey
 from chatapp.api.pagination import Pagination
-from chatapp.api.ratelimit import active_limiter
 from chatapp.api.serializers import (
     ConversationCreateSerializer,
     ConversationFilterSerializer,

@@ -103,10 +103,14 @@ def validate_max_new_tokens(value: object) -> int | None:
 
 
 def validate_model(value: object) -> str:
-    """The value a conversation stores for model name `value` ("" or None: the default)."""
-    from chatapp.generation import model_cards
-
-    return model_cards.conversation_model(value or None)
+    """The value a conversation stores for its model: what the model catalog gave the
+    caller (chatapp.generation.model_cards.conversation_model, as for
+    services.conversation_create); None: the default."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidInput("The model must be a name (text).", code="invalid")
+    return value
 
 
 _VALIDATORS = {"system_prompt": validate_system_prompt, "temperature": validate_temperature,

@@ -49,8 +49,8 @@ import logging
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from chatapp.accounting.ratelimit import RateLimited, active_limiter
 from chatapp.api import json_body
-from chatapp.api.ratelimit import RateLimited, active_limiter
 from chatapp.chat import selectors, services
 from chatapp.chat.errors import ChatError, InvalidInput, NotFound
 from chatapp.chat.payloads import conversation_dict, message_dict

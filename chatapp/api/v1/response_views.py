@@ -12,9 +12,9 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from chatapp.accounting.ratelimit import Slot
 from chatapp.api import response_store
 from chatapp.api.errors import OpenAIError, internal, invalid
-from chatapp.api.ratelimit import Slot
 from chatapp.api.v1 import completions, responses
 from chatapp.api.v1.model_entries import require_chat_model
 from chatapp.api.v1.response_params import ResponseRequest, parse_response_request

@@ -19,10 +19,10 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from chatapp.accounting.ratelimit import RateLimited, Slot, active_limiter
 from chatapp.api.authentication import InvalidKey, MissingKey, key_for_header
 from chatapp.api.errors import OpenAIError, internal, rate_limited
 from chatapp.api.models import ApiKey
-from chatapp.api.ratelimit import RateLimited, Slot, active_limiter
 from chatapp.api.v1 import completions
 from chatapp.api.v1.model_entries import entry, listing, require_chat_model
 from chatapp.api.v1.parsing import (

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from chatapp.accounting import redis_limiter
-from chatapp.api.ratelimit import active_limiter
+from chatapp.accounting.ratelimit import active_limiter
 
 TEST_REDIS = "redis://127.0.0.1:6379/13"
 

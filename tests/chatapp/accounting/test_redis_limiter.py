@@ -10,10 +10,10 @@ import pytest
 
 from chatapp.accounting import redis_limiter
 from chatapp.accounting.models import UserLimits
+from chatapp.accounting.ratelimit import RateLimited, active_limiter
 from chatapp.accounting.services import ReplyUsage, reply_record
 from chatapp.api import services
 from chatapp.api.models import ApiKey
-from chatapp.api.ratelimit import RateLimited, active_limiter
 
 pytestmark = pytest.mark.django_db
 

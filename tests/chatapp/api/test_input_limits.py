@@ -13,9 +13,9 @@ import json
 import pytest
 from django.core.handlers.asgi import ASGIHandler
 
+from chatapp.accounting.ratelimit import limiter
 from chatapp.api import services
 from chatapp.api.errors import OpenAIError
-from chatapp.api.ratelimit import limiter
 from chatapp.api.serializers import MessageCreateSerializer
 from chatapp.api.v1.parsing import parse_completion_request
 from chatapp.api.v1.tool_params import calls_key

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from chatapp.accounting.ratelimit import limiter
 from chatapp.api import services
-from chatapp.api.ratelimit import limiter
 from chatapp.api.v1 import completions
 from tests.chatapp.api.conftest import MODEL
 

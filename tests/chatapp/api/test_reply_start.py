@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from kombu.exceptions import OperationalError
 
+from chatapp.accounting.ratelimit import limiter
 from chatapp.api import services
 from chatapp.api.models import ApiKey
-from chatapp.api.ratelimit import limiter
 from chatapp.chat import services as chat_services
 from chatapp.chat.models import Message
 from chatapp.generation import dispatch

@@ -9,8 +9,8 @@ import json
 import jsonschema
 import pytest
 
+from chatapp.accounting.ratelimit import limiter
 from chatapp.api import services
-from chatapp.api.ratelimit import limiter
 from chatapp.api.v1.tool_params import parse_tools, rebase_refs
 from chatapp.prompts.tools import HERMES
 from inference.grammar import grammar_for_schema
