@@ -202,25 +202,36 @@ def _stop(value) -> list[str]:
     return stops
 
 
-def parse_completion_request(data: dict) -> CompletionRequest:
-    refuse_unsupported(data)
+def _model(data: dict) -> str:
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "is required and must be a string.", "invalid_type")
-    messages = _messages(data.get("messages"))
+    return model
+
+
+def _stream(data: dict) -> tuple[bool, dict]:
+    """`stream`, and `stream_options` ({} when absent), which only a stream may send."""
     options = data.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _bad("stream_options", "must be an object.", "invalid_type")
     stream = _bool(data, "stream")
     if options is not None and not stream:
         raise _bad("stream_options", "is only allowed when 'stream' is true.")
+    return stream, options or {}
+
+
+def parse_completion_request(data: dict) -> CompletionRequest:
+    refuse_unsupported(data)
+    model = _model(data)
+    messages = _messages(data.get("messages"))
+    stream, options = _stream(data)
     max_tokens = _int(data, "max_tokens", 1)
     max_completion = _int(data, "max_completion_tokens", 1)
     return CompletionRequest(
         model=model,
         messages=messages,
         stream=stream,
-        include_usage=_bool(options or {}, "include_usage", "stream_options."),
+        include_usage=_bool(options, "include_usage", "stream_options."),
         # The newer name wins; both are accepted because clients send either.
         max_tokens=max_completion if max_completion is not None else max_tokens,
         temperature=_number(data, "temperature", 1.0, 0.0, 2.0),

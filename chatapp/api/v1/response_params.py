@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from chatapp.api.errors import OpenAIError, invalid
-from chatapp.api.v1.parsing import CompletionRequest, parse_completion_request
+from chatapp.api.v1.parsing import CompletionRequest, _bad, parse_completion_request
 from chatapp.api.v1.unsupported import IGNORED, refuse_unsupported
 from chatapp.echo import quoted
 
@@ -104,10 +104,6 @@ def renamed(exc: OpenAIError) -> OpenAIError:
     """`exc` naming the Responses field (its message is kept)."""
     exc.param = responses_param(exc.param)
     return exc
-
-
-def _bad(param: str, problem: str, code: str = "invalid_value") -> OpenAIError:
-    return invalid(f"'{param}' {problem}", param, code)
 
 
 def _unsupported(param: str, what: str) -> OpenAIError:

@@ -13,10 +13,12 @@ from chatapp.api.v1.parsing import (
     _bad,
     _bool,
     _int,
+    _model,
     _number,
     _optional_str,
     _sampling,
     _stop,
+    _stream,
 )
 from chatapp.api.v1.unsupported import IGNORED, _equals, refuse_unsupported
 
@@ -117,16 +119,9 @@ def _logprobs(data: dict) -> int | None:
 def parse_text_completion_request(data: dict) -> TextCompletionRequest:
     """The request, or OpenAIError(400) naming the first field that is wrong."""
     refuse_unsupported(data, HONOURED, IGNORED, UNSUPPORTED)
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("model", "is required and must be a string.", "invalid_type")
+    model = _model(data)
     prompts = _prompts(data.get("prompt"))
-    options = data.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise _bad("stream_options", "must be an object.", "invalid_type")
-    stream = _bool(data, "stream")
-    if options is not None and not stream:
-        raise _bad("stream_options", "is only allowed when 'stream' is true.")
+    stream, options = _stream(data)
     n = _int(data, "n", 1, settings.API_MAX_N) or 1
     best_of = _int(data, "best_of", 1, settings.API_MAX_N)
     if best_of is not None and best_of != n:
@@ -141,7 +136,7 @@ def parse_text_completion_request(data: dict) -> TextCompletionRequest:
         model=model,
         prompts=prompts,
         stream=stream,
-        include_usage=_bool(options or {}, "include_usage", "stream_options."),
+        include_usage=_bool(options, "include_usage", "stream_options."),
         max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         temperature=_number(data, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(data, "top_p", 1.0, 0.0, 1.0, lo_open=True),
