@@ -179,6 +179,10 @@ LOGOUT_REDIRECT_URL = "login"
 CHAT_ALLOW_SIGNUP = env_bool("CHAT_ALLOW_SIGNUP", True)
 # A shared conversation's link works for anyone who has it, unless this asks for a login.
 CHAT_SHARE_REQUIRES_LOGIN = env_bool("CHAT_SHARE_REQUIRES_LOGIN")
+# An imported export file (ChatGPT, Open WebUI): at most this many bytes and messages,
+# refused whole beyond them.
+CHAT_IMPORT_MAX_BYTES = int(os.environ.get("CHAT_IMPORT_MAX_BYTES", str(20 * 1024 * 1024)))
+CHAT_IMPORT_MAX_MESSAGES = int(os.environ.get("CHAT_IMPORT_MAX_MESSAGES", "5000"))
 # Opening a conversation brings its KV blocks back from the host/disk tier (LLM_KV_DIR,
 # LLM_KV_OFFLOAD_BYTES), at most this many blocks, ahead of its next message.
 CHAT_PREWARM = env_bool("CHAT_PREWARM", True)

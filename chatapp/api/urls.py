@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from chatapp.api import (
     chat_settings_views,
     feedback_views,
+    import_views,
     schema,  # noqa: F401  (registers the Bearer scheme with drf-spectacular)
     share_views,
     views,
@@ -40,6 +41,8 @@ urlpatterns = [
     path("api/user-presets/<int:preset_id>/", chat_settings_views.UserPresetDetailView.as_view(),
          name="user-preset"),
     path("api/conversations/", views.ConversationListView.as_view(), name="conversations"),
+    path("api/conversations/import/", import_views.ConversationImportView.as_view(),
+         name="conversations-import"),
     path("api/conversations/<int:conversation_id>/", include(conversation_urls)),
     # Anything else under /api/ answers a JSON 404 (not the HTML page) in the API's shape.
     re_path(r"^api/", views.not_found),

@@ -329,3 +329,12 @@ def user_message_store_segment(*, message: Message, token_ids: list[int]) -> Non
         message.save(update_fields=["token_ids", "updated_at"])
 
 
+
+
+def message_store_segment(*, message: Message, token_ids: list[int]) -> None:
+    """Keep the ids a message without any (an imported one) was encoded to, once, unless
+    another process stored them first: later prompts reuse them verbatim."""
+    if message.token_ids:
+        return
+    message.token_ids = list(token_ids)
+    Message.objects.filter(pk=message.pk, token_ids=[]).update(token_ids=message.token_ids)

@@ -16,6 +16,7 @@ import logging
 from django.conf import settings
 
 from chatapp.chat import selectors
+from chatapp.chat import services as chat_services
 from chatapp.chat.errors import InvalidInput, sentence
 from chatapp.chat.models import Message
 from chatapp.generation import embedded
@@ -80,17 +81,23 @@ def _segments(builder: PromptBuilder, conversation, messages: list, has_system: 
               ) -> list[list[int]]:
     """The stored ids of `messages`, oldest first; a message another model made (the
     chat's model changed since) is encoded from its text by this tokenizer instead, the
-    same way every turn, so later turns still extend the prompt."""
+    same way every turn, so later turns still extend the prompt. A message of this model
+    that has no ids yet (an imported one) is encoded once and its ids are stored, so
+    every later turn reuses them and hits the cache."""
     out = []
     for i, m in enumerate(messages):
-        if _same_model(m, conversation):
+        if _same_model(m, conversation) and m.token_ids:
             out.append(list(m.token_ids))
-        elif m.role == Message.Role.USER:
+            continue
+        if m.role == Message.Role.USER:
             first = i == 0
-            out.append(builder.user_segment(m.content, opening=first and not has_system,
-                                            after_system=first and has_system))
+            ids = builder.user_segment(m.content, opening=first and not has_system,
+                                       after_system=first and has_system)
         else:
-            out.append(builder.assistant_segment_from_text(m.content))
+            ids = builder.assistant_segment_from_text(m.content)
+        if _same_model(m, conversation):
+            chat_services.message_store_segment(message=m, token_ids=ids)
+        out.append(ids)
     return out
 
 
