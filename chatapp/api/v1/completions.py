@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -33,6 +34,9 @@ from chatapp.prompts.encoding import most_chars_per_token
 from chatapp.prompts.errors import ContextExceeded, PromptError
 from chatapp.prompts.history import ContextLimit, HistoryCut, history_target
 from chatapp.prompts.services import builder_for, cache_salt_for, content_text
+
+if TYPE_CHECKING:
+    from chatapp.api.v1.text_completion_params import TextCompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -148,22 +152,9 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, model: str = "",
     job = Job(
         prompt_ids=tuple(plan.token_ids) + tuple(forced),
         cache_salt=salt,
-        options=Options(
-            max_tokens=req.max_tokens,
+        options=request_options(
+            req,
             default_max_tokens=settings.API_DEFAULT_MAX_TOKENS,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            min_p=req.min_p,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            repetition_penalty=req.repetition_penalty,
-            logit_bias=tuple(req.logit_bias.items()),
-            ignore_eos=req.ignore_eos,
-            min_tokens=req.min_tokens,
-            n=req.n,
-            seed=req.seed,
-            stop=tuple(req.stop),
             logprobs=req.top_logprobs if req.logprobs else None,
             json_schema=schema,
         ),
@@ -174,6 +165,28 @@ def prepare(*, key: ApiKey, req: CompletionRequest, tokenizer, model: str = "",
     # The ids the engine stops on (chatapp.generation.jobs), the EOS included.
     return Prepared(job=job, tenant=tenant, stop_token_ids=stop_token_ids(tokenizer),
                     forced_ids=list(forced), convention=convention, cut=plan.cut)
+
+
+def request_options(req: CompletionRequest | TextCompletionRequest, **own) -> Options:
+    """The sampling both completions endpoints take from their request as it is, with
+    `own`: what each decides for itself (logprobs, its default max_tokens, ...)."""
+    return Options(
+        max_tokens=req.max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+        logit_bias=tuple(req.logit_bias.items()),
+        ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
+        n=req.n,
+        seed=req.seed,
+        stop=tuple(req.stop),
+        **own,
+    )
 
 
 def check_size(req: CompletionRequest, tokenizer, model: str) -> None:

@@ -28,7 +28,7 @@ from chatapp.api.v1.legacy_logprobs import LegacyLogprobs, joined
 from chatapp.api.v1.text_completion_params import TextCompletionRequest
 from chatapp.generation import dispatch, prompting, receipts, remote, router
 from chatapp.generation.embedded import aget_tokenizer
-from chatapp.generation.jobs import Generation, Job, Options, run_here
+from chatapp.generation.jobs import Generation, Job, run_here
 
 log = logging.getLogger(__name__)
 
@@ -81,24 +81,7 @@ def job_for(req: TextCompletionRequest, prompt: Prompt, *, salt: str, model: str
     return Job(
         prompt_ids=tuple(prompt.ids),
         cache_salt=salt,
-        options=Options(
-            max_tokens=req.max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            min_p=req.min_p,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            repetition_penalty=req.repetition_penalty,
-            logit_bias=tuple(req.logit_bias.items()),
-            ignore_eos=req.ignore_eos,
-            min_tokens=req.min_tokens,
-            n=req.n,
-            seed=req.seed,
-            stop=tuple(req.stop),
-            logprobs=req.logprobs,
-            prompt_logprobs=scored,
-        ),
+        options=completions.request_options(req, logprobs=req.logprobs, prompt_logprobs=scored),
         affinity=router.prompt_key(cache_salt=salt, token_ids=prompt.ids, model=model),
         model=model,
     )
