@@ -7,39 +7,16 @@
 
   const messages = document.getElementById("messages");
   const dataEl = document.getElementById("initial-data");
-  if (!messages || !dataEl || !window.fetch) return;
+  if (!messages || !dataEl || !window.fetch || !window.chatApi) return;
+  const notice = chatApi.notice;
   const initial = JSON.parse(dataEl.textContent);
   const base = "/api/conversations/" + initial.conversation.id + "/messages/";
   const given = initial.feedback || {}; // message id -> {rating, comment}
   const RATED = ["done", "stopped", "interrupted"];
-  const noticeEl = document.getElementById("notice");
-
-  function csrfToken() {
-    const field = document.querySelector("input[name=csrfmiddlewaretoken]");
-    return field ? field.value : "";
-  }
-
-  function notice(text) {
-    if (!noticeEl) return;
-    noticeEl.textContent = text;
-    noticeEl.hidden = !text;
-  }
 
   function send(id, method, body) {
-    return fetch(base + id + "/feedback/", {
-      method: method,
-      credentials: "same-origin",
-      headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
-      body: body ? JSON.stringify(body) : undefined,
-    }).then(function (r) {
-      if (r.status === 204) return null;
-      return r.json().catch(function () { return {}; }).then(function (data) {
-        if (!r.ok) {
-          const errors = data.errors ? Object.values(data.errors)[0] : null;
-          throw new Error(errors ? [].concat(errors).join(" ") : data.detail || "Feedback was not saved.");
-        }
-        return data;
-      });
+    return chatApi.send(base + id + "/feedback/", method, body, function (data) {
+      return chatApi.fieldError(data, "Feedback was not saved.");
     });
   }
 

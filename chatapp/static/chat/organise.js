@@ -5,44 +5,16 @@
   "use strict";
 
   const box = document.getElementById("organise");
-  if (!box || !window.fetch) return;
+  if (!box || !window.fetch || !window.chatApi) return;
+  const notice = chatApi.notice;
   const pin = document.getElementById("pin-conversation");
   const archive = document.getElementById("archive-conversation");
   const tagsForm = document.getElementById("tags-form");
   const tagsInput = document.getElementById("tags-input");
-  const noticeEl = document.getElementById("notice");
-
-  function csrfToken() {
-    const field = document.querySelector("input[name=csrfmiddlewaretoken]");
-    return field ? field.value : "";
-  }
-
-  function notice(text) {
-    if (!noticeEl) return;
-    noticeEl.textContent = text;
-    noticeEl.hidden = !text;
-  }
-
-  // The API's 400 names the field; show its own message, not a status code.
-  function errorText(body) {
-    if (body && body.errors) {
-      const first = Object.values(body.errors)[0];
-      if (first) return [].concat(first).join(" ");
-    }
-    return (body && body.detail) || "The change was not saved.";
-  }
 
   function patch(fields) {
-    return fetch(box.dataset.apiUrl, {
-      method: "PATCH",
-      credentials: "same-origin",
-      headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
-      body: JSON.stringify(fields),
-    }).then(function (r) {
-      return r.json().catch(function () { return {}; }).then(function (body) {
-        if (!r.ok) throw new Error(errorText(body));
-        return body;
-      });
+    return chatApi.send(box.dataset.apiUrl, "PATCH", fields, function (body) {
+      return chatApi.fieldError(body, "The change was not saved.");
     }).then(function (conversation) {
       notice("");
       show(conversation);

@@ -4,38 +4,18 @@
   "use strict";
 
   const box = document.getElementById("share");
-  if (!box || !window.fetch) return;
+  if (!box || !window.fetch || !window.chatApi) return;
+  const notice = chatApi.notice;
   const create = document.getElementById("share-create");
   const linkBox = document.getElementById("share-link");
   const urlInput = document.getElementById("share-url");
   const revoke = document.getElementById("share-revoke");
   const showOwner = document.getElementById("share-show-owner");
-  const noticeEl = document.getElementById("notice");
   let current = null; // the share made on this page
 
-  function csrfToken() {
-    const field = document.querySelector("input[name=csrfmiddlewaretoken]");
-    return field ? field.value : "";
-  }
-
-  function notice(text) {
-    if (!noticeEl) return;
-    noticeEl.textContent = text;
-    noticeEl.hidden = !text;
-  }
-
   function call(url, method, body) {
-    return fetch(url, {
-      method: method,
-      credentials: "same-origin",
-      headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
-      body: body ? JSON.stringify(body) : undefined,
-    }).then(function (r) {
-      if (r.status === 204) return null;
-      return r.json().catch(function () { return {}; }).then(function (data) {
-        if (!r.ok) throw new Error(data.detail || "Sharing failed.");
-        return data;
-      });
+    return chatApi.send(url, method, body, function (data) {
+      return data.detail || "Sharing failed.";
     });
   }
 
