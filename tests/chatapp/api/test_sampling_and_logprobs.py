@@ -15,21 +15,8 @@ SAY = [{"role": "user", "content": "Say hello in one short sentence."}]
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 
-@pytest.fixture(scope="module")
-def client(accounts, client_for):
-    _, key = accounts.user_with_key()
-    return client_for(key)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from inference.loader import load_tokenizer
-
-    return load_tokenizer()
-
-
-def test_every_sampling_field_is_taken(client):
-    done = client.chat.completions.create(
+def test_every_sampling_field_is_taken(openai_client):
+    done = openai_client.chat.completions.create(
         model=MODEL, messages=QUESTION, max_tokens=8, temperature=0.8, seed=3,
         presence_penalty=0.5, frequency_penalty=0.5, logit_bias={"50": -100},
         extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1},
@@ -37,33 +24,33 @@ def test_every_sampling_field_is_taken(client):
     assert done.choices[0].message.content
 
 
-def test_logit_bias_forces_and_bans_tokens(client, tokenizer):
+def test_logit_bias_forces_and_bans_tokens(openai_client, tokenizer):
     [banana] = tokenizer.encode(" banana", add_special_tokens=False)
-    forced = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4,
+    forced = openai_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4,
                                             temperature=0, logit_bias={str(banana): 100})
     assert forced.choices[0].message.content == " banana" * 4
 
-    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3,
+    plain = openai_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3,
                                            temperature=0, logprobs=True)
     first = plain.choices[0].logprobs.content[0]
     [first_id] = tokenizer.encode(bytes(first.bytes).decode(), add_special_tokens=False)
-    banned = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3,
+    banned = openai_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3,
                                             temperature=0, logprobs=True,
                                             logit_bias={str(first_id): -100})
     assert banned.choices[0].logprobs.content[0].token != first.token
 
 
-def test_ignore_eos_and_min_tokens_set_the_reply_s_length(client):
-    exact = client.chat.completions.create(model=MODEL, messages=SAY, max_tokens=24,
+def test_ignore_eos_and_min_tokens_set_the_reply_s_length(openai_client):
+    exact = openai_client.chat.completions.create(model=MODEL, messages=SAY, max_tokens=24,
                                            temperature=0,
                                            extra_body={"ignore_eos": True, "min_tokens": 24})
     assert exact.usage.completion_tokens == 24
     assert exact.choices[0].finish_reason == "length"
-    natural = client.chat.completions.create(model=MODEL, messages=SAY, max_tokens=60,
+    natural = openai_client.chat.completions.create(model=MODEL, messages=SAY, max_tokens=60,
                                              temperature=0)
     short = natural.usage.completion_tokens
     assert natural.choices[0].finish_reason == "stop" and short < 40
-    longer = client.chat.completions.create(model=MODEL, messages=SAY, max_tokens=60,
+    longer = openai_client.chat.completions.create(model=MODEL, messages=SAY, max_tokens=60,
                                             temperature=0, extra_body={"min_tokens": short + 5})
     assert longer.usage.completion_tokens >= short + 5
 
@@ -74,9 +61,9 @@ def test_ignore_eos_and_min_tokens_set_the_reply_s_length(client):
     ({"top_k": "many"}, "top_k"),
     ({"max_token": 5}, "max_token"),  # a typo: refused, never ignored
 ])
-def test_a_bad_or_unknown_field_is_a_400_naming_it(client, extra, param):
+def test_a_bad_or_unknown_field_is_a_400_naming_it(openai_client, extra, param):
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2,
+        openai_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2,
                                        extra_body=extra)
     assert err.value.body["param"] == param, err.value.body
 
@@ -85,10 +72,10 @@ def _joined(content) -> bytes:
     return b"".join(bytes(t.bytes) for t in content)
 
 
-def test_logprobs_make_the_content_exactly(client):
+def test_logprobs_make_the_content_exactly(openai_client):
     """A mix of endings: the end token, a stop string (inside a token and at a token's
-    start), the length; n = 2; each whole and streamed."""
-    base = client.chat.completions.create(model=MODEL, messages=SAY, max_tokens=60,
+    start), the length; n = 1 and 2; each whole and streamed: 50 requests."""
+    base = openai_client.chat.completions.create(model=MODEL, messages=SAY, max_tokens=60,
                                           temperature=0, logprobs=True, top_logprobs=2)
     [choice] = base.choices
     text = choice.message.content
@@ -106,13 +93,20 @@ def test_logprobs_make_the_content_exactly(client):
         dict(messages=QUESTION, max_tokens=40, temperature=1.0, seed=5, n=2, stop=["e"]),
         dict(messages=SAY, max_tokens=40, temperature=1.0, seed=9, n=2),
     ]
+    # Sampled replies with short stop strings, one or two choices: 25 kinds of request,
+    # each whole and streamed, 50 in all.
+    stops = [None, ["e"], [" the"], ["."], ["s", ","]]
+    requests += [dict(messages=(SAY, QUESTION)[seed % 2], max_tokens=24, temperature=1.0,
+                      seed=100 + seed, n=1 + seed % 2, stop=stops[seed % len(stops)])
+                 for seed in range(19)]
+    assert len(requests) * 2 == 50
     for kw in requests:
-        done = client.chat.completions.create(model=MODEL, logprobs=True, top_logprobs=1, **kw)
+        done = openai_client.chat.completions.create(model=MODEL, logprobs=True, top_logprobs=1, **kw)
         for c in done.choices:
             assert _joined(c.logprobs.content) == c.message.content.encode(), (kw, c)
             assert all(len(t.top_logprobs) == 1 for t in c.logprobs.content)
 
-        stream = client.chat.completions.create(model=MODEL, logprobs=True, stream=True, **kw)
+        stream = openai_client.chat.completions.create(model=MODEL, logprobs=True, stream=True, **kw)
         text_of, bytes_of = {}, {}
         for chunk in stream:
             for c in chunk.choices:
