@@ -185,13 +185,7 @@ def _check_preset_stability(source: str, meta: dict, builder, result: LintResult
     except Exception:  # whatever it is, the production render below reports it
         return
     renders = [builder.system_segment_for_text(text.strip()) for text in texts]
-    if renders[0] != renders[1]:
-        result.add(
-            "unstable",
-            "two renders under different clocks, random values and request ids give "
-            "different tokens: "
-            + describe_divergence(builder.tokenizer, *renders, labels=("run 1", "run 2")),
-        )
+    _unstable(result, builder.tokenizer, renders)
 
 
 def _replay_preset(builder, system_ids: list[int], turns: int = 4) -> str | None:
@@ -545,10 +539,7 @@ def lint_marker(path: Path, source: str, *, tokenizer) -> LintResult:
         try:
             builder = PromptBuilder(tokenizer, block_size=16, chat_format=fmt)
             runs = [builder.marker_segment(text=t) for t in texts]
-            if runs[0] != runs[1]:
-                result.add("unstable", "two renders under different clocks, random values and "
-                           "request ids give different tokens: "
-                           + describe_divergence(tokenizer, *runs, labels=("run 1", "run 2")))
+            if _unstable(result, tokenizer, runs):
                 return result
             system_ids = builder.system_segment_for_text("You are a helpful assistant.")
             marker = builder.marker_segment(text=text)
@@ -560,12 +551,27 @@ def lint_marker(path: Path, source: str, *, tokenizer) -> LintResult:
         except PromptError as exc:
             result.add("history", f"format {fmt.name}: {exc}")
             continue
-        if failure or not cuts:
-            result.add("history", f"format {fmt.name}: {failure or 'the replay never cut'}")
-        else:
-            result.notes.append(f"format {fmt.name}: a {len(marker)}-token marker; a 24-turn "
-                                f"replay cut {cuts} times, extending its prompt between cuts")
+        _replay_outcome(result, fmt, failure, cuts, f"a {len(marker)}-token marker")
     return result
+
+
+def _unstable(result: LintResult, tokenizer, runs: list[list[int]]) -> bool:
+    """Whether the two renders' tokens differ; if so, the problem is added to `result`."""
+    if runs[0] == runs[1]:
+        return False
+    result.add("unstable", "two renders under different clocks, random values and "
+               "request ids give different tokens: "
+               + describe_divergence(tokenizer, *runs, labels=("run 1", "run 2")))
+    return True
+
+
+def _replay_outcome(result: LintResult, fmt, failure: str | None, cuts: int, what: str) -> None:
+    """A 24-turn replay's outcome in format `fmt`: a history problem, or a note on `what`."""
+    if failure or not cuts:
+        result.add("history", f"format {fmt.name}: {failure or 'the replay never cut'}")
+    else:
+        result.notes.append(f"format {fmt.name}: {what}; a 24-turn replay cut {cuts} times, "
+                            "extending its prompt between cuts")
 
 
 def _check_summary_marker(result: LintResult, texts: list[str], text: str, tokenizer) -> None:
@@ -576,10 +582,7 @@ def _check_summary_marker(result: LintResult, texts: list[str], text: str, token
         try:
             builder = PromptBuilder(tokenizer, block_size=16, chat_format=fmt)
             runs = [builder.summary_segment(t) for t in texts]
-            if runs[0] != runs[1]:
-                result.add("unstable", "two renders under different clocks, random values and "
-                           "request ids give different tokens: "
-                           + describe_divergence(tokenizer, *runs, labels=("run 1", "run 2")))
+            if _unstable(result, tokenizer, runs):
                 return
             system_ids = builder.system_segment_for_text("You are a helpful assistant.")
             marker = builder.marker_segment()
@@ -592,12 +595,7 @@ def _check_summary_marker(result: LintResult, texts: list[str], text: str, token
         except PromptError as exc:
             result.add("history", f"format {fmt.name}: {exc}")
             continue
-        if failure or not cuts:
-            result.add("history", f"format {fmt.name}: {failure or 'the replay never cut'}")
-        else:
-            result.notes.append(f"format {fmt.name}: a {len(summary)}-token summary segment; "
-                                f"a 24-turn replay cut {cuts} times, extending its prompt "
-                                "between cuts")
+        _replay_outcome(result, fmt, failure, cuts, f"a {len(summary)}-token summary segment")
 
 
 # -- instructions ----------------------------------------------------------------------------
@@ -626,11 +624,7 @@ def lint_instruction(path: Path, source: str, *, tokenizer) -> LintResult:
     runs = [encoder.untrusted(text.strip()) for text in texts]
     if not runs[0]:
         result.add("render", "renders no text")
-    elif runs[0] != runs[1]:
-        result.add("unstable", "two renders under different clocks, random values and "
-                   "request ids give different tokens: "
-                   + describe_divergence(tokenizer, *runs, labels=("run 1", "run 2")))
-    else:
+    elif not _unstable(result, tokenizer, runs):
         result.notes.append(f"{len(runs[0])} tokens, the same in both renders")
     return result
 
