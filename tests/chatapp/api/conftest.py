@@ -90,3 +90,31 @@ def client_for(api_server):
                              timeout=300)
 
     return make
+
+
+# The context of short_context_server's model: a few turns outgrow it.
+SHORT_CONTEXT = 512
+QUESTIONS = (
+    "Which colour do you get when you mix blue and yellow paint together on a palette?",
+    "Name one animal that lives in the sea and one that lives in the desert, please.",
+    "What is the capital of France, and which river runs through the middle of it?",
+    "How many legs does a spider have, compared with an ordinary insect like an ant?",
+)
+
+
+def question(n: int) -> str:
+    """Turn n's question, numbered, so no two turns of a long conversation are alike."""
+    return f"{n + 1}. {QUESTIONS[n % len(QUESTIONS)]}"
+
+
+@pytest.fixture(scope="module")
+def short_context_server(request, tmp_path_factory) -> LiveServer:
+    """A live server (its own, per module) whose model holds SHORT_CONTEXT tokens and
+    whose replies, chat and API, default to 8 tokens."""
+    name = "short-context-" + request.module.__name__.rsplit(".", 1)[-1]
+    server, proc = start_live_server(
+        tmp_path_factory.mktemp(name), name, LLM_MAX_MODEL_LEN=str(SHORT_CONTEXT),
+        CHAT_MAX_NEW_TOKENS="8", API_DEFAULT_MAX_TOKENS="8", API_RATE_LIMIT_RPM="100000",
+        LLM_PRELOAD="1")
+    yield server
+    stop_live_server(proc)

@@ -11,44 +11,20 @@ import json
 import httpx2 as httpx
 import pytest
 
-from tests.chatapp.api.conftest import MODEL, Accounts
-from tests.chatapp.e2e.conftest import start_live_server, stop_live_server
+from tests.chatapp.api.conftest import MODEL, QUESTIONS, SHORT_CONTEXT, Accounts, question
 
 pytestmark = pytest.mark.model
 
-CONTEXT = 512
-QUESTIONS = (
-    "Which colour do you get when you mix blue and yellow paint together on a palette?",
-    "Name one animal that lives in the sea and one that lives in the desert, please.",
-    "What is the capital of France, and which river runs through the middle of it?",
-    "How many legs does a spider have, compared with an ordinary insect like an ant?",
-)
+@pytest.fixture(scope="module")
+def key(short_context_server) -> str:
+    return Accounts(short_context_server).user_with_key()[1]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    live, proc = start_live_server(
-        tmp_path_factory.mktemp("long-live"), "long", LLM_MAX_MODEL_LEN=str(CONTEXT),
-        CHAT_MAX_NEW_TOKENS="8", API_DEFAULT_MAX_TOKENS="8", API_RATE_LIMIT_RPM="100000",
-        LLM_PRELOAD="1")
-    yield live
-    stop_live_server(proc)
-
-
-@pytest.fixture(scope="module")
-def key(server) -> str:
-    return Accounts(server).user_with_key()[1]
-
-
-@pytest.fixture(scope="module")
-def api(server, key):
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"},
+def api(short_context_server, key):
+    with httpx.Client(base_url=short_context_server.url, headers={"Authorization": f"Bearer {key}"},
                       timeout=300) as client:
         yield client
-
-
-def question(n: int) -> str:
-    return f"{n + 1}. {QUESTIONS[n % len(QUESTIONS)]}"
 
 
 def test_the_conversations_api_cuts_whole_turns_and_refuses_what_cannot_fit(api):
@@ -58,7 +34,7 @@ def test_the_conversations_api_cuts_whole_turns_and_refuses_what_cannot_fit(api)
         turn = api.post(f"/api/conversations/{cid}/messages/", json={"content": question(n)})
         assert turn.status_code == 201, turn.text
         reply = turn.json()["reply"]
-        assert reply["status"] == "done" and reply["usage"]["prompt_tokens"] + 8 <= CONTEXT
+        assert reply["status"] == "done" and reply["usage"]["prompt_tokens"] + 8 <= SHORT_CONTEXT
         cut = reply["usage"]["prefix_cache"].get("history_cut")
         if cut is not None and cut["new"]:
             cuts.append(cut)
@@ -71,7 +47,7 @@ def test_the_conversations_api_cuts_whole_turns_and_refuses_what_cannot_fit(api)
                        json={"content": "Explain this. " * 300})
     assert refused.status_code == 400, refused.text
     body = refused.json()
-    assert body["code"] == "context_length_exceeded" and f"holds {CONTEXT}" in body["detail"]
+    assert body["code"] == "context_length_exceeded" and f"holds {SHORT_CONTEXT}" in body["detail"]
     assert api.get(f"/api/conversations/{cid}/messages/").json()["messages"] == before
 
 
@@ -88,7 +64,7 @@ def test_v1_refuses_a_long_history_unless_truncation_is_auto(api):
     refused = api.post("/v1/chat/completions", json={"model": MODEL, "messages": messages})
     assert refused.status_code == 400
     error = refused.json()["error"]
-    assert error["code"] == "context_length_exceeded" and f"{CONTEXT} tokens" in error["message"]
+    assert error["code"] == "context_length_exceeded" and f"{SHORT_CONTEXT} tokens" in error["message"]
 
     done = api.post("/v1/chat/completions",
                     json={"model": MODEL, "messages": messages, "truncation": "auto"})
@@ -97,7 +73,7 @@ def test_v1_refuses_a_long_history_unless_truncation_is_auto(api):
     cut = body["truncation"]
     # Whole turns (a user message and its reply), the system message kept.
     assert cut["type"] == "auto" and cut["messages_left_out"] == 2 * cut["turns_left_out"] > 0
-    assert body["usage"]["prompt_tokens"] + 8 <= CONTEXT
+    assert body["usage"]["prompt_tokens"] + 8 <= SHORT_CONTEXT
     assert body["choices"][0]["message"]["content"]
 
     # Streamed, the chunks say the same.
@@ -122,7 +98,7 @@ def test_v1_truncation_names_a_last_message_that_alone_cannot_fit(api):
     assert refused.status_code == 400
     error = refused.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
-    assert f"maximum context length is {CONTEXT} tokens" in error["message"]
+    assert f"maximum context length is {SHORT_CONTEXT} tokens" in error["message"]
 
     bad = api.post("/v1/chat/completions",
                    json={"model": MODEL, "messages": _history(0), "truncation": "sometimes"})

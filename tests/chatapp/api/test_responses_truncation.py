@@ -8,40 +8,22 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.chatapp.api.conftest import MODEL, Accounts
-from tests.chatapp.e2e.conftest import start_live_server, stop_live_server
+from tests.chatapp.api.conftest import MODEL, SHORT_CONTEXT, Accounts, question
 
 pytestmark = pytest.mark.model
 
-CONTEXT = 512
 BLOCK = 16
-QUESTIONS = (
-    "Which colour do you get when you mix blue and yellow paint together on a palette?",
-    "Name one animal that lives in the sea and one that lives in the desert, please.",
-    "What is the capital of France, and which river runs through the middle of it?",
-    "How many legs does a spider have, compared with an ordinary insect like an ant?",
-)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    live, proc = start_live_server(
-        tmp_path_factory.mktemp("responses-long"), "responses-long",
-        LLM_MAX_MODEL_LEN=str(CONTEXT), API_DEFAULT_MAX_TOKENS="8",
-        API_RATE_LIMIT_RPM="100000", LLM_PRELOAD="1")
-    yield live
-    stop_live_server(proc)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    key = Accounts(server).user_with_key()[1]
-    return openai.OpenAI(api_key=key, base_url=server.url + "/v1", max_retries=0, timeout=300)
+def client(short_context_server):
+    key = Accounts(short_context_server).user_with_key()[1]
+    return openai.OpenAI(api_key=key, base_url=short_context_server.url + "/v1", max_retries=0, timeout=300)
 
 
 def turn(client, n: int, previous, truncation: str):
     kwargs = {"previous_response_id": previous.id} if previous else {}
-    return client.responses.create(model=MODEL, input=f"{n + 1}. {QUESTIONS[n % 4]}",
+    return client.responses.create(model=MODEL, input=question(n),
                                    max_output_tokens=8, temperature=0, truncation=truncation,
                                    **kwargs)
 
@@ -54,7 +36,7 @@ def test_a_chain_past_the_context_is_refused_by_default(client):
         except openai.BadRequestError as exc:
             assert exc.code == "context_length_exceeded"
             assert exc.param == "input"
-            assert previous.usage.input_tokens > CONTEXT // 2
+            assert previous.usage.input_tokens > SHORT_CONTEXT // 2
             return
         assert previous.truncation == "disabled"
     pytest.fail("the chain never outgrew the context")
@@ -66,7 +48,7 @@ def test_truncation_auto_cuts_whole_turns_and_keeps_the_cache_between_cuts(clien
         done = turn(client, n, previous, "auto")
         assert done.truncation == "auto"
         usage = done.usage
-        assert usage.input_tokens + 8 <= CONTEXT
+        assert usage.input_tokens + 8 <= SHORT_CONTEXT
         if previous is not None:
             before = previous.usage
             if usage.input_tokens > before.input_tokens + before.output_tokens:
