@@ -92,6 +92,21 @@ def client_for(api_server):
     return make
 
 
+@pytest.fixture(scope="module")
+def openai_client(accounts, client_for):
+    """An `openai` client on the key of a user of this module's own."""
+    _, key = accounts.user_with_key()
+    return client_for(key)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The served model's tokenizer, as the tests count tokens."""
+    from inference.loader import load_tokenizer
+
+    return load_tokenizer()
+
+
 # The context of short_context_server's model: a few turns outgrow it.
 SHORT_CONTEXT = 512
 QUESTIONS = (

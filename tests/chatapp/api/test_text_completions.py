@@ -11,7 +11,6 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from inference.loader import load_tokenizer
 from tests.chatapp.api.conftest import MODEL
 
 pytestmark = pytest.mark.model
@@ -19,24 +18,13 @@ pytestmark = pytest.mark.model
 PROMPT = "The three primary colours are red,"
 
 
-@pytest.fixture(scope="module")
-def client(accounts, client_for):
-    _, key = accounts.user_with_key()
-    return client_for(key)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer()
-
-
-def greedy(client, prompt, **kw):
-    return client.completions.create(model=MODEL, prompt=prompt, temperature=0,
+def greedy(openai_client, prompt, **kw):
+    return openai_client.completions.create(model=MODEL, prompt=prompt, temperature=0,
                                      **{"max_tokens": 8, **kw})
 
 
-def test_a_text_prompt_is_continued(client):
-    done = greedy(client, PROMPT)
+def test_a_text_prompt_is_continued(openai_client):
+    done = greedy(openai_client, PROMPT)
     assert done.object == "text_completion" and done.id.startswith("cmpl-")
     assert done.model == MODEL
     [choice] = done.choices
@@ -48,29 +36,29 @@ def test_a_text_prompt_is_continued(client):
     assert usage.prompt_tokens_details.cached_tokens is not None
 
 
-def test_token_ids_are_the_same_prompt_as_their_text(client, tokenizer):
+def test_token_ids_are_the_same_prompt_as_their_text(openai_client, tokenizer):
     ids = tokenizer.encode(PROMPT)
-    as_text, as_ids = greedy(client, PROMPT), greedy(client, ids)
+    as_text, as_ids = greedy(openai_client, PROMPT), greedy(openai_client, ids)
     assert as_ids.choices[0].text == as_text.choices[0].text
     assert as_ids.usage.prompt_tokens == len(ids) == as_text.usage.prompt_tokens
 
 
-def test_a_batch_with_n_numbers_choices_prompt_by_prompt(client, tokenizer):
+def test_a_batch_with_n_numbers_choices_prompt_by_prompt(openai_client, tokenizer):
     other = "Once upon a time, in a small village,"
-    done = client.completions.create(model=MODEL, prompt=[PROMPT, tokenizer.encode(other)],
+    done = openai_client.completions.create(model=MODEL, prompt=[PROMPT, tokenizer.encode(other)],
                                      n=2, max_tokens=6, temperature=0)
     assert [c.index for c in done.choices] == [0, 1, 2, 3]
     texts = [c.text for c in done.choices]
     # Greedy: both samples of a prompt agree, and each is that prompt's continuation.
-    assert texts[0] == texts[1] == greedy(client, PROMPT, max_tokens=6).choices[0].text
-    assert texts[2] == texts[3] == greedy(client, other, max_tokens=6).choices[0].text
-    single = greedy(client, PROMPT, max_tokens=6).usage.prompt_tokens
+    assert texts[0] == texts[1] == greedy(openai_client, PROMPT, max_tokens=6).choices[0].text
+    assert texts[2] == texts[3] == greedy(openai_client, other, max_tokens=6).choices[0].text
+    single = greedy(openai_client, PROMPT, max_tokens=6).usage.prompt_tokens
     assert done.usage.prompt_tokens == single + len(tokenizer.encode(other))
 
 
-def test_n_samples_with_a_seed_repeat(client):
+def test_n_samples_with_a_seed_repeat(openai_client):
     def run():
-        done = client.completions.create(model=MODEL, prompt=PROMPT, n=3, seed=7,
+        done = openai_client.completions.create(model=MODEL, prompt=PROMPT, n=3, seed=7,
                                          max_tokens=8, temperature=1.0)
         return [c.text for c in done.choices]
 
@@ -79,9 +67,9 @@ def test_n_samples_with_a_seed_repeat(client):
     assert len(set(first)) > 1  # each sample draws its own
 
 
-def test_streaming_gives_the_same_text_and_the_usage_last(client):
-    whole = greedy(client, PROMPT).choices[0].text
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8,
+def test_streaming_gives_the_same_text_and_the_usage_last(openai_client):
+    whole = greedy(openai_client, PROMPT).choices[0].text
+    chunks = list(openai_client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8,
                                             temperature=0, stream=True,
                                             stream_options={"include_usage": True}))
     assert all(c.object == "text_completion" for c in chunks)
@@ -92,11 +80,11 @@ def test_streaming_gives_the_same_text_and_the_usage_last(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
 
 
-def test_stop_cuts_the_text_before_the_stop_string(client):
-    text = greedy(client, PROMPT, max_tokens=12).choices[0].text
+def test_stop_cuts_the_text_before_the_stop_string(openai_client):
+    text = greedy(openai_client, PROMPT, max_tokens=12).choices[0].text
     words = text.split()
     assert len(words) >= 2, text
-    cut = greedy(client, PROMPT, max_tokens=12, stop=[words[1], "zzzq"])
+    cut = greedy(openai_client, PROMPT, max_tokens=12, stop=[words[1], "zzzq"])
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].text == text[: text.index(words[1])]
 
@@ -114,8 +102,8 @@ def check_legacy(logprobs, text: str, k: int) -> None:
             assert len(logprobs.top_logprobs[i]) <= k
 
 
-def test_logprobs_in_the_legacy_shape(client):
-    done = greedy(client, PROMPT, logprobs=3)
+def test_logprobs_in_the_legacy_shape(openai_client):
+    done = greedy(openai_client, PROMPT, logprobs=3)
     [choice] = done.choices
     lp = choice.logprobs
     assert "".join(lp.tokens) == choice.text
@@ -128,11 +116,11 @@ def test_logprobs_in_the_legacy_shape(client):
         assert top[token] == pytest.approx(logprob, abs=1e-6)
 
 
-def test_echo_gives_the_prompt_and_the_logprobs_the_model_gave_its_tokens(client, tokenizer):
-    made = greedy(client, PROMPT, max_tokens=4, logprobs=1)
+def test_echo_gives_the_prompt_and_the_logprobs_the_model_gave_its_tokens(openai_client, tokenizer):
+    made = greedy(openai_client, PROMPT, max_tokens=4, logprobs=1)
     generated = made.choices[0].logprobs
     ids = tokenizer.encode(PROMPT + made.choices[0].text)
-    echoed = greedy(client, ids, max_tokens=1, logprobs=2, echo=True)
+    echoed = greedy(openai_client, ids, max_tokens=1, logprobs=2, echo=True)
     [choice] = echoed.choices
     lp = choice.logprobs
     prompt_text = tokenizer.decode(ids)
@@ -151,10 +139,10 @@ def test_echo_gives_the_prompt_and_the_logprobs_the_model_gave_its_tokens(client
     assert echoed.usage.prompt_tokens_details.cached_tokens == 0
 
 
-def test_echo_without_logprobs_and_streamed(client):
-    plain = greedy(client, PROMPT, echo=True)
-    assert plain.choices[0].text == PROMPT + greedy(client, PROMPT).choices[0].text
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4,
+def test_echo_without_logprobs_and_streamed(openai_client):
+    plain = greedy(openai_client, PROMPT, echo=True)
+    assert plain.choices[0].text == PROMPT + greedy(openai_client, PROMPT).choices[0].text
+    chunks = list(openai_client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4,
                                             temperature=0, echo=True, logprobs=0,
                                             stream=True))
     assert chunks[0].choices[0].text.startswith(PROMPT)
@@ -165,12 +153,12 @@ def test_echo_without_logprobs_and_streamed(client):
 
 
 def test_the_prefix_cache_serves_a_prompt_again_within_its_tenant_only(
-        accounts, client_for, client):
+        accounts, client_for, openai_client):
     document = f"Ticket {uuid.uuid4().hex}. " + " ".join(
         f"Step {i}: check the cable and restart the router." for i in range(30))
-    first = greedy(client, document, max_tokens=2)
+    first = greedy(openai_client, document, max_tokens=2)
     assert first.usage.prompt_tokens >= 300
-    again = greedy(client, document, max_tokens=2)
+    again = greedy(openai_client, document, max_tokens=2)
     assert again.usage.prompt_tokens_details.cached_tokens >= (
         first.usage.prompt_tokens - 1) // 16 * 16
     _, other_key = accounts.user_with_key()
@@ -178,10 +166,10 @@ def test_the_prefix_cache_serves_a_prompt_again_within_its_tenant_only(
     assert other.usage.prompt_tokens_details.cached_tokens == 0
 
 
-def test_the_models_list_describes_each_model(client, api_server):
+def test_the_models_list_describes_each_model(openai_client, api_server):
     from inference.model_file import created, model_file
 
-    models = client.models.list().data
+    models = openai_client.models.list().data
     [entry] = [m for m in models if m.id == MODEL]
     extra = entry.model_dump()
     assert extra["kind"] == "chat" and extra["root"] == MODEL and MODEL in extra["aliases"]
@@ -189,7 +177,7 @@ def test_the_models_list_describes_each_model(client, api_server):
     assert extra["weight_dtype"] in ("int4", "int8", "bf16", "fp32")
     assert extra["kernel_path"]  # the loaded engine's
     assert entry.created == created() == int(model_file().stat().st_mtime)
-    assert client.models.retrieve(MODEL).model_dump() == extra
+    assert openai_client.models.retrieve(MODEL).model_dump() == extra
     ready = httpx.get(api_server.url + "/readyz").json()
     [card] = ready["models"]
     assert card["alias"] == MODEL and card["context_length"] == extra["context_length"]
@@ -222,10 +210,10 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("fields", "status", "param", "code"), REFUSALS,
                          ids=[next(iter(f)) + f"-{i}" for i, (f, *_) in enumerate(REFUSALS)])
-def test_each_refusal_is_an_openai_error_naming_the_field(client, fields, status, param, code):
+def test_each_refusal_is_an_openai_error_naming_the_field(openai_client, fields, status, param, code):
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, **fields}
     with pytest.raises(openai.APIStatusError) as err:
-        client.completions.create(**{k: body.pop(k) for k in ("model", "prompt")},
+        openai_client.completions.create(**{k: body.pop(k) for k in ("model", "prompt")},
                                   extra_body=body)
     assert err.value.status_code == status
     error = err.value.body
