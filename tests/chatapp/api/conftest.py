@@ -9,10 +9,18 @@ import json
 import subprocess
 
 import pytest
+from rest_framework.test import APIClient
 
 from tests.chatapp.e2e.conftest import PYTHON, ROOT, LiveServer, start_live_server, stop_live_server
 
 _names = itertools.count()
+
+
+def api_as(user) -> APIClient:
+    """A DRF client signed in as `user`, for the API's views in this process."""
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
 
 
 @pytest.fixture(scope="session")

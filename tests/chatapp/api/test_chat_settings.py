@@ -10,21 +10,16 @@ from rest_framework.test import APIClient
 
 from chatapp.chat import services
 from chatapp.chat.models import Conversation, UserPreset
+from tests.chatapp.api.conftest import api_as
 
 pytestmark = pytest.mark.django_db
 
 TEXT = "You are a patient tutor. Explain one step at a time."
 
 
-def client_for(user) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
-
-
 @pytest.fixture
 def api(alice):
-    return client_for(alice)
+    return api_as(alice)
 
 
 @pytest.fixture
@@ -110,7 +105,7 @@ def test_a_chat_starts_on_a_personal_preset_and_keeps_its_copy(api):
 
 def test_other_users_conversations_and_presets_look_missing(alice, bob, conv):
     alice_preset = UserPreset.objects.create(owner=alice, name="Mine", system_prompt=TEXT)
-    as_bob = client_for(bob)
+    as_bob = api_as(bob)
     assert as_bob.get(settings_url(conv)).status_code == 404
     assert as_bob.patch(settings_url(conv), {"temperature": 1}, format="json").status_code == 404
     for method in ("get", "patch", "delete"):

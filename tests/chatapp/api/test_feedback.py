@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from chatapp.chat import services
 from chatapp.chat.models import Feedback, Message
 from chatapp.generation import lifecycle
+from tests.chatapp.api.conftest import api_as
 
 pytestmark = pytest.mark.django_db
 
@@ -28,9 +29,7 @@ def finished_turn(conv, text="hi") -> tuple[Message, Message]:
 
 @pytest.fixture
 def api(alice) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(alice)
-    return client
+    return api_as(alice)
 
 
 def url(conv, message) -> str:
@@ -82,8 +81,7 @@ def test_another_users_reply_is_missing(alice, bob):
     conv = services.conversation_create(owner=alice)
     _, reply = finished_turn(conv)
     Feedback.objects.create(message=reply, user=alice, rating=1)
-    client = APIClient()
-    client.force_authenticate(bob)
+    client = api_as(bob)
     for method, body in (("get", None), ("put", {"rating": "down"}), ("delete", None)):
         theirs = getattr(client, method)(url(conv, reply), body, format="json")
         assert theirs.status_code == 404, method

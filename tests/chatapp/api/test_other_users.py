@@ -8,15 +8,14 @@ from rest_framework.test import APIClient
 
 from chatapp.chat import services
 from chatapp.chat.models import Conversation
+from tests.chatapp.api.conftest import api_as
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def as_bob(bob) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(bob)
-    return client
+    return api_as(bob)
 
 
 @pytest.fixture

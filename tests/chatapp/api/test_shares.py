@@ -5,11 +5,11 @@ only the owner can make or revoke one."""
 from __future__ import annotations
 
 import pytest
-from rest_framework.test import APIClient
 
 from chatapp.chat import services
 from chatapp.chat.models import ConversationShare, Message
 from chatapp.generation import lifecycle
+from tests.chatapp.api.conftest import api_as
 
 pytestmark = pytest.mark.django_db
 
@@ -35,15 +35,9 @@ def branched(alice):
     return conv, left, right
 
 
-def client_for(user) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
-
-
 def test_a_share_shows_one_branch_as_it_was_then_until_revoked(client, alice, branched):
     conv, left, right = branched
-    api = client_for(alice)
+    api = api_as(alice)
     r = api.post(f"/api/conversations/{conv.pk}/shares/", {"message_id": left.pk},
                  format="json")
     assert r.status_code == 201, r.content
@@ -74,8 +68,8 @@ def test_a_share_shows_one_branch_as_it_was_then_until_revoked(client, alice, br
 def test_owner_name_only_when_chosen_and_login_when_required(client, settings, alice, bob,
                                                              branched):
     conv, _, right = branched
-    r = client_for(alice).post(f"/api/conversations/{conv.pk}/shares/",
-                               {"show_owner": True}, format="json")
+    r = api_as(alice).post(f"/api/conversations/{conv.pk}/shares/",
+                           {"show_owner": True}, format="json")
     token = ConversationShare.objects.get(pk=r.json()["id"]).token
     html = client.get(f"/s/{token}/").content.decode()
     assert "shared by alice" in html and "RIGHT answer" in html  # the current branch
@@ -90,9 +84,9 @@ def test_owner_name_only_when_chosen_and_login_when_required(client, settings, a
 
 def test_shares_of_another_users_conversation_are_missing(alice, bob, branched):
     conv, left, _ = branched
-    mine = client_for(alice).post(f"/api/conversations/{conv.pk}/shares/", {},
-                                  format="json").json()
-    as_bob = client_for(bob)
+    mine = api_as(alice).post(f"/api/conversations/{conv.pk}/shares/", {},
+                              format="json").json()
+    as_bob = api_as(bob)
     assert as_bob.post(f"/api/conversations/{conv.pk}/shares/", {},
                        format="json").status_code == 404
     assert as_bob.get(f"/api/conversations/{conv.pk}/shares/").status_code == 404
@@ -109,13 +103,13 @@ def test_shares_of_another_users_conversation_are_missing(alice, bob, branched):
                                   {"show_owner": "perhaps"}])
 def test_bad_share_input_is_a_400(alice, branched, body):
     conv, _, _ = branched
-    r = client_for(alice).post(f"/api/conversations/{conv.pk}/shares/", body, format="json")
+    r = api_as(alice).post(f"/api/conversations/{conv.pk}/shares/", body, format="json")
     assert r.status_code == 400 and not ConversationShare.objects.exists()
 
 
 def test_an_empty_conversation_has_nothing_to_share(alice):
     conv = services.conversation_create(owner=alice)
-    r = client_for(alice).post(f"/api/conversations/{conv.pk}/shares/", {}, format="json")
+    r = api_as(alice).post(f"/api/conversations/{conv.pk}/shares/", {}, format="json")
     assert r.status_code == 400 and "nothing to share" in r.json()["detail"]
 
 
