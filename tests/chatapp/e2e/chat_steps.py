@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 REPLY_WITH_STATUS = (
     "([i, s]) => { const el = document.querySelectorAll('article.msg.assistant')[i];"
@@ -52,3 +54,42 @@ def log_in(page, url: str, username: str, password: str) -> None:
     page.fill("input[name=password]", password)
     page.click("button[type=submit]")
     page.wait_for_selector("#new-chat")
+
+
+def signed_in_page(browser, server, user: dict, timeout_ms: int, *,
+                   console_errors: bool = True, **options):
+    """A page in a new browser context (1280x900 unless `options` say otherwise) that
+    carries `user`'s session cookie. page.errors collects its uncaught errors and, unless
+    console_errors is False, what it logs as console errors. Closing page.context ends it."""
+    options.setdefault("viewport", {"width": 1280, "height": 900})
+    context = browser.new_context(**options)
+    context.add_cookies([{"name": "sessionid", "value": user["sessionid"],
+                          "url": server.url}])
+    page = context.new_page()
+    page.set_default_timeout(timeout_ms)
+    page.errors = []
+    if console_errors:
+        page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    return page
+
+
+@contextmanager
+def page_opener(browser, server, user: dict, timeout_ms: int, *,
+                console_errors: bool = True) -> Iterator[Callable]:
+    """open_page(path, **context options) -> a signed_in_page at `path`; every context it
+    opened is closed on leaving."""
+    pages = []
+
+    def open_page(path: str = "/", **options):
+        page = signed_in_page(browser, server, user, timeout_ms,
+                              console_errors=console_errors, **options)
+        pages.append(page)
+        page.goto(server.url + path)
+        return page
+
+    try:
+        yield open_page
+    finally:
+        for page in pages:
+            page.context.close()

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from .chat_steps import chat, new_chat
+from .chat_steps import chat, new_chat, page_opener
 from .conftest import ARTIFACTS
 
 pytestmark = pytest.mark.model
@@ -27,24 +27,8 @@ def user(chat_server):
 
 @pytest.fixture
 def open_page(browser, chat_server, user):
-    contexts = []
-
-    def open_page(path: str = "/", **options):
-        options.setdefault("viewport", {"width": 1280, "height": 900})
-        context = browser.new_context(**options)
-        contexts.append(context)
-        context.add_cookies([{"name": "sessionid", "value": user["sessionid"],
-                              "url": chat_server.url}])
-        page = context.new_page()
-        page.set_default_timeout(WAIT_MS)
-        page.errors = []
-        page.on("pageerror", lambda e: page.errors.append(str(e)))
-        page.goto(chat_server.url + path)
-        return page
-
-    yield open_page
-    for context in contexts:
-        context.close()
+    with page_opener(browser, chat_server, user, WAIT_MS, console_errors=False) as open_page:
+        yield open_page
 
 
 def get_json(server, user, path: str) -> dict:

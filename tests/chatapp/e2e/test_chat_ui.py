@@ -12,7 +12,7 @@ from datetime import datetime
 
 import pytest
 
-from .chat_steps import new_chat, wait_connected
+from .chat_steps import new_chat, page_opener, wait_connected
 from .conftest import ARTIFACTS
 
 pytestmark = pytest.mark.model  # the seeded reply is tokenised with the real tokenizer
@@ -38,25 +38,8 @@ def user(chat_server):
 @pytest.fixture
 def open_page(browser, chat_server, user):
     """open_page(path, **context options) -> a logged-in page; console errors collected."""
-    contexts = []
-
-    def open_page(path: str = "/", **options):
-        options.setdefault("viewport", {"width": 1280, "height": 900})
-        context = browser.new_context(**options)
-        contexts.append(context)
-        context.add_cookies([{"name": "sessionid", "value": user["sessionid"],
-                              "url": chat_server.url}])
-        page = context.new_page()
-        page.set_default_timeout(WAIT_MS)
-        page.errors = []
-        page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
-        page.on("pageerror", lambda e: page.errors.append(str(e)))
-        page.goto(chat_server.url + path)
-        return page
-
-    yield open_page
-    for context in contexts:
-        context.close()
+    with page_opener(browser, chat_server, user, WAIT_MS) as open_page:
+        yield open_page
 
 
 def conversation_path(user) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from .chat_steps import wait_connected
+from .chat_steps import signed_in_page, wait_connected
 from .conftest import ARTIFACTS
 
 pytestmark = pytest.mark.model  # the seeded reply is tokenised with the real tokenizer
@@ -25,16 +25,9 @@ def user(chat_server):
 
 @pytest.fixture(scope="module")
 def page(browser, chat_server, user):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.add_cookies([{"name": "sessionid", "value": user["sessionid"],
-                          "url": chat_server.url}])
-    page = context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    page.errors = []
-    page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page = signed_in_page(browser, chat_server, user, WAIT_MS)
     yield page
-    context.close()
+    page.context.close()
 
 
 def sidebar_titles(page) -> list[str]:
