@@ -37,13 +37,13 @@ SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for json_schem
 JSON_OBJECT_SCHEMA = '{"type":"object"}'
 
 
-@dataclass
-class CompletionRequest:
-    model: str
-    messages: list[dict]
+@dataclass(kw_only=True)
+class SamplingRequest:
+    """What chat and text completions both take, parsed alike: the stream, the sampling
+    and who asks."""
+
     stream: bool = False
     include_usage: bool = False
-    max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
@@ -62,6 +62,13 @@ class CompletionRequest:
     cache_salt: str | None = None
     # Our extension: usage.prefix_cache, why the prefix-cache match ended where it did.
     prefix_cache_receipt: bool = False
+
+
+@dataclass
+class CompletionRequest(SamplingRequest):
+    model: str
+    messages: list[dict]
+    max_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per token, with logprobs
     # response_format json_object / json_schema: the JSON Schema the reply must match, as

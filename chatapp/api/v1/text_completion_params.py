@@ -4,12 +4,13 @@ fields we would not honour, or do not know, refused (unsupported.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.conf import settings
 
 from chatapp.api.v1.parsing import (
     MAX_TOP_LOGPROBS,
+    SamplingRequest,
     _bad,
     _bool,
     _int,
@@ -43,29 +44,11 @@ UNSUPPORTED = {
 
 
 @dataclass
-class TextCompletionRequest:
+class TextCompletionRequest(SamplingRequest):
     model: str
     # One entry per prompt of the batch: text, or token ids as sent.
     prompts: list[str | list[int]]
-    stream: bool = False
-    include_usage: bool = False
     max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    n: int = 1
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-    user: str | None = None
-    cache_salt: str | None = None
-    prefix_cache_receipt: bool = False
     # Alternatives per token in the legacy `logprobs` object (None: no logprobs).
     logprobs: int | None = None
     # The prompt before the completion, in its text and (with logprobs) its tokens.
