@@ -33,11 +33,17 @@
     }, function (err) { notice(err.message); });
   }
 
-  function thumb(id, rating, label, symbol) {
+  // Drawn, not emoji: a browser or screenshot without an emoji font shows emoji as boxes.
+  const THUMB = '<svg viewBox="0 0 24 24" width="15" height="15" aria-hidden="true">' +
+    '<path fill="currentColor" d="M2 10h4v11H2zM8 10l4-7c1.4-.6 2.4.2 2.2 1.8L13.5 9H20' +
+    'c1.4 0 2.2 1 1.8 2.3l-2.4 8c-.3 1-1.1 1.7-2.2 1.7H8z"/></svg>';
+
+  function thumb(id, rating, label) {
     const b = document.createElement("button");
     b.type = "button";
     b.className = "link feedback-" + rating;
-    b.textContent = symbol;
+    b.innerHTML = THUMB;
+    if (rating === "down") b.firstChild.style.transform = "rotate(180deg)";
     b.title = label;
     b.setAttribute("aria-label", label);
     b.setAttribute("aria-pressed", given[id] && given[id].rating === rating ? "true" : "false");
@@ -50,7 +56,7 @@
     box.className = "feedback";
     box.dataset.rating = given[id] ? given[id].rating : "";
     box.dataset.comment = given[id] ? given[id].comment : "";
-    box.append(thumb(id, "up", "Good reply", "👍"), thumb(id, "down", "Bad reply", "👎"));
+    box.append(thumb(id, "up", "Good reply"), thumb(id, "down", "Bad reply"));
     return box;
   }
 
