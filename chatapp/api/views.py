@@ -85,7 +85,9 @@ class ConversationListView(GenericAPIView):
         return self.get_paginated_response(ConversationSerializer(page, many=True).data)
 
     @_schema("conversations_create", request=ConversationCreateSerializer,
-             responses={201: ConversationSerializer, 400: E, 401: E, 429: E})
+             responses={201: ConversationSerializer, 400: E, 401: E, 429: E,
+                        404: OpenApiResponse(E, description="`user_preset_id` names no "
+                                             "personal preset of yours.")})
     def post(self, request: Request) -> Response:
         """Start a conversation (optionally with a preset, a version of it and its variables)."""
         body = ConversationCreateSerializer(data=request.data)
