@@ -35,6 +35,7 @@ from tests.chatapp.e2e.conftest import (
     spawn_daphne,
     stop_live_server,
 )
+from tests.inference.conftest import make_tiny_model
 
 CELERY = str(Path(sys.executable).with_name("celery"))
 # The worker tests' Redis database: apart from the one other tests' live servers use.
@@ -247,6 +248,26 @@ def cluster(django_db_setup, django_db_blocker):
         a, b = c.start_worker("a"), c.start_worker("b")
         c.start_web("workers")
         c.wait_ready(a, b)
+        yield c
+    finally:
+        c.stop()
+
+
+@contextlib.contextmanager
+def tiny_worker(django_db_blocker, model_dir, name: str, **settings: str):
+    """One worker serving the tiny random model (in model_dir) with `settings` on top of
+    the cluster's, ready; stopped on leaving."""
+    _, redis_url = _require_services()
+    ARTIFACTS.mkdir(exist_ok=True)
+    model = make_tiny_model(model_dir, "llama", seed=3)
+    layer_url = redis_url_with_db(redis_url, WORKER_REDIS_DB)
+    shared = f"gen-test-{uuid.uuid4().hex[:8]}"
+    with django_db_blocker.unblock():
+        env = cluster_env(layer_url, layer_url, shared)
+    env.update(LLM_MODELS=f"tiny={model}", LLM_MAX_MODEL_LEN="1024", **settings)
+    c = Cluster(env=env, broker_url=layer_url, shared_queue=shared)
+    try:
+        c.wait_ready(c.start_worker(name))
         yield c
     finally:
         c.stop()

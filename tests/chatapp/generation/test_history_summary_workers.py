@@ -8,23 +8,17 @@ The model is the tiny random one: what the summary says does not matter here."""
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 from django_celery_results.models import TaskResult
 
 from chatapp.chat import services
 from chatapp.chat.models import HistorySummary, Message
-from tests.chatapp.e2e.conftest import ARTIFACTS
 from tests.chatapp.generation.conftest import (
-    WORKER_REDIS_DB,
     Cluster,
-    _require_services,
-    cluster_env,
-    redis_url_with_db,
+    tiny_worker,
     wait_for,
 )
-from tests.inference.conftest import make_tiny_model
 
 pytestmark = [pytest.mark.model, pytest.mark.django_db(transaction=True)]
 
@@ -34,23 +28,10 @@ ROOM = 64
 @pytest.fixture(scope="module")
 def summary_cluster(django_db_setup, django_db_blocker, tmp_path_factory):
     """One worker serving the tiny model with summaries on and a 512-token chat context."""
-    _, redis_url = _require_services()
-    ARTIFACTS.mkdir(exist_ok=True)
-    model = make_tiny_model(tmp_path_factory.mktemp("tiny-summary-worker"), "llama", seed=3)
-    layer_url = redis_url_with_db(redis_url, WORKER_REDIS_DB)
-    shared = f"gen-test-{uuid.uuid4().hex[:8]}"
-    with django_db_blocker.unblock():
-        env = cluster_env(layer_url, layer_url, shared)
-    env.update(LLM_MODELS=f"tiny={model}", LLM_MAX_MODEL_LEN="1024", CHAT_CONTEXT_TOKENS="512",
-               CHAT_MAX_NEW_TOKENS="24", CHAT_HISTORY_SUMMARY="1",
-               CHAT_HISTORY_SUMMARY_TOKENS=str(ROOM))
-    cluster = Cluster(env=env, broker_url=layer_url, shared_queue=shared)
-    try:
-        worker = cluster.start_worker("summary")
-        cluster.wait_ready(worker)
+    with tiny_worker(django_db_blocker, tmp_path_factory.mktemp("tiny-summary-worker"),
+                     "summary", CHAT_CONTEXT_TOKENS="512", CHAT_MAX_NEW_TOKENS="24",
+                     CHAT_HISTORY_SUMMARY="1", CHAT_HISTORY_SUMMARY_TOKENS=str(ROOM)) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def turn(cluster: Cluster, conversation, n: int) -> Message:
