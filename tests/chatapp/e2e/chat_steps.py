@@ -56,6 +56,20 @@ def log_in(page, url: str, username: str, password: str) -> None:
     page.wait_for_selector("#new-chat")
 
 
+@contextmanager
+def logged_in_page(browser, server, password: str, timeout_ms: int) -> Iterator:
+    """A 1280x900 page in a new browser context, signed in as server.user through the
+    login page; the context is closed on leaving."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(timeout_ms)
+    try:
+        log_in(page, server.url, server.user["username"], password)
+        yield page
+    finally:
+        context.close()
+
+
 def signed_in_page(browser, server, user: dict, timeout_ms: int, *,
                    console_errors: bool = True, **options):
     """A page in a new browser context (1280x900 unless `options` say otherwise) that

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .chat_steps import chat, log_in, new_chat
+from .chat_steps import chat, logged_in_page, new_chat
 from .conftest import ARTIFACTS, start_live_server, stop_live_server
 from .test_browser import PASSWORD, replies, stored
 
@@ -32,12 +32,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def page(browser, server):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    log_in(page, server.url, server.user["username"], PASSWORD)
-    yield page
-    context.close()
+    with logged_in_page(browser, server, PASSWORD, WAIT_MS) as page:
+        yield page
 
 
 def divider_then(page) -> tuple[int, str | None]:

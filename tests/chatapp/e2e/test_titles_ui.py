@@ -10,7 +10,7 @@ import pytest
 
 from chatapp.chat.services import auto_title
 
-from .chat_steps import log_in, new_chat, send, wait_for_final
+from .chat_steps import logged_in_page, new_chat, send, wait_for_final
 from .conftest import ARTIFACTS, start_live_server, stop_live_server
 from .test_browser import PASSWORD
 
@@ -31,12 +31,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def page(browser, server):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    log_in(page, server.url, server.user["username"], PASSWORD)
-    yield page
-    context.close()
+    with logged_in_page(browser, server, PASSWORD, WAIT_MS) as page:
+        yield page
 
 
 def test_the_model_titles_the_chat_after_its_first_reply(page):
