@@ -198,5 +198,8 @@ class RedisChannelLayer(_RedisChannelLayer):
         message = self.deserialize(content)
         # group_send names a process's channels in the message itself, one pop for all.
         channels = message.pop("__asgi_channel__", real_channel)
-        for channel in channels if isinstance(channels, list) else [channels]:
+        if not isinstance(channels, list):
+            self._mailbox.file(channels, message)  # one socket's: every delta, no copy
+            return
+        for channel in channels:  # each socket its own copy, free to change it
             self._mailbox.file(channel, dict(message))
